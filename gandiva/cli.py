@@ -1,0 +1,185 @@
+"""The ``gandiva`` command line."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+app = typer.Typer(help="gandiva: a scheduler for deep-learning jobs on shared GPU clusters.",
+                  no_args_is_help=True, add_completion=False)
+console = Console()
+err = Console(stderr=True)
+
+PROGRESS_AFTER_S = 2.0  # show a progress bar only for runs that last longer than this
+
+
+def fail(message: str) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(2)
+
+
+class _LazyProgress:
+    """A rich progress bar that appears only once a run has taken a few seconds."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.t0 = time.monotonic()
+        self.bar: Progress | None = None
+        self.task: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            if time.monotonic() - self.t0 < PROGRESS_AFTER_S or done >= total:
+                return
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
+                                TextColumn("{task.completed:,}/{task.total:,} jobs"),
+                                TimeElapsedColumn(), console=err, transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task(self.label, total=total)
+        self.bar.update(self.task, completed=done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2, default=lambda x: None)
+    os.replace(tmp, path)
+
+
+def _json_safe(summary: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
+
+
+@app.command()
+def simulate(
+    trace: Annotated[str, typer.Argument(help="Trace file, or a bundled trace name (see "
+                                         "`gandiva traces`).")],
+    policy: Annotated[str, typer.Option(help="Comma-separated policies; parameters after colons, "
+                                        "e.g. fifo,las,fifo:backfill")] = "fifo,las",
+    cluster: Annotated[str, typer.Option(help="SERVERSxGPUS[:TYPE], joined by '+', e.g. 25x4 or "
+                                         "23x4:P100+22x4:P40")] = "25x4",
+    gpu_type: Annotated[str, typer.Option(help="GPU type where --cluster names none")] = "V100",
+    jobs: Annotated[int | None, typer.Option(help="Take only the first N jobs")] = None,
+    window: Annotated[str | None, typer.Option(help="START:END submit-time window, seconds")] = None,
+    arrival_scale: Annotated[float, typer.Option(help="Arrivals this many times denser")] = 1.0,
+    mix: Annotated[str, typer.Option(help="Model mix for traces without models")] = "paper",
+    seed: Annotated[int, typer.Option(help="Seed for model assignment, noise and policies")] = 0,
+    out: Annotated[Path | None, typer.Option(help="Directory for report.html and plots")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write metrics as JSON")] = None,
+) -> None:
+    """Replay TRACE under each policy on a simulated cluster and compare them."""
+    from gandiva.metrics import summarize
+    from gandiva.policies import make_policy
+    from gandiva.report import COLUMNS, fmt, write_report
+    from gandiva.sim.run import simulate as run_sim
+    from gandiva.state import Cluster
+    from gandiva.traces import TraceError, load_trace
+
+    win = None
+    if window:
+        try:
+            start, end = (float(x) for x in window.split(":"))
+        except ValueError:
+            raise fail(f"--window: cannot read {window!r}; write START:END in seconds") from None
+        win = (start, end)
+    policies = [p.strip() for p in policy.split(",") if p.strip()]
+    try:
+        for p in policies:
+            make_policy(p, seed)
+        Cluster.build(cluster, gpu_type)
+        loaded = load_trace(trace, jobs=jobs, window=win, arrival_scale=arrival_scale, mix=mix,
+                            seed=seed)
+    except TraceError as e:
+        raise fail(str(e)) from None
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        raise fail(str(e).strip("'\"")) from None
+    if not loaded.jobs:
+        raise fail(f"{trace}: no jobs left after --jobs/--window")
+
+    results = {}
+    summaries = {}
+    for p in policies:
+        bar = _LazyProgress(f"{p:>10}")
+        t0 = time.perf_counter()
+        try:
+            res = run_sim(loaded, p, cluster=cluster, gpu_type=gpu_type, seed=seed,
+                          on_progress=bar)
+        except (ValueError, KeyError) as e:
+            raise fail(f"{p}: {str(e).strip(chr(39))}") from None
+        finally:
+            bar.close()
+        results[p] = res
+        summaries[p] = summarize(res) | {"wall_s": time.perf_counter() - t0}
+
+    table = Table(title=f"{loaded.name}: {len(loaded.jobs):,} jobs on {cluster}")
+    table.add_column("metric")
+    for p in summaries:
+        table.add_column(p, justify="right")
+    for key, label, kind in COLUMNS:
+        table.add_row(label, *(fmt(s[key], kind) for s in summaries.values()))
+    table.add_row("wall time", *(f"{s['wall_s']:.2f} s" for s in summaries.values()))
+    console.print(table)
+    for note in sorted({n for r in results.values() for n in r.notes}):
+        console.print(f"[dim]note: {note}[/]")
+
+    if out is not None:
+        page = write_report(out, results, summaries, loaded.name, cluster)
+        console.print(f"report: {page}")
+    if json_path is not None:
+        _write_json_atomic(json_path, {
+            "policies": {p: _json_safe(s) for p, s in summaries.items()},
+            "trace": loaded.name,
+            "cluster": cluster,
+            "gpu_type": gpu_type,
+            "seed": seed,
+        })
+        console.print(f"json: {json_path}")
+
+
+@app.command()
+def traces() -> None:
+    """List the bundled traces."""
+    from gandiva.traces import bundled_traces
+
+    table = Table(title="bundled traces")
+    table.add_column("name")
+    table.add_column("description")
+    for name, desc in bundled_traces().items():
+        table.add_row(name, desc)
+    console.print(table)
+
+
+@app.command()
+def policies() -> None:
+    """List the policies and their parameters."""
+    import dataclasses
+    import importlib
+
+    from gandiva.policies import available
+
+    for name in available():
+        cls = importlib.import_module(f"gandiva.policies.{name}").POLICY
+        params = [f"{f.name}={f.default!r}" for f in dataclasses.fields(cls)
+                  if f.init and not f.name.startswith("_") and f.name not in ("name", "spec", "rng")]
+        console.print(f"[bold]{name}[/]  {' '.join(params)}")
+        doc = (cls.__module__ and importlib.import_module(cls.__module__).__doc__) or ""
+        console.print(f"  [dim]{doc.strip().splitlines()[0]}[/]")
+
+
+if __name__ == "__main__":
+    app()

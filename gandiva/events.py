@@ -1,0 +1,51 @@
+"""What backends report to the scheduler. Every event carries the time it happened."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gandiva.spec import JobSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    time: float
+    job: JobSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Departure:
+    """A job finished all its mini-batches."""
+
+    time: float
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSample:
+    """What the job library measures at mini-batch boundaries (noisy, like reality)."""
+
+    time: float
+    job_id: str
+    mini_batch_time: float
+    memory_gb: float
+    utilization: float
+    mini_batches_done: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A node went down; its jobs lost the work since their last checkpoint."""
+
+    time: float
+    node: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """A timer the policy asked for with a ``Wake`` action."""
+
+    time: float
+
+
+Event = Arrival | Departure | ProfileSample | Failure | Tick

@@ -1,0 +1,71 @@
+"""Policies, by name. Each lives in its own module ``gandiva.policies.<name>`` exposing ``POLICY``.
+
+A policy spec names the policy and optionally sets its parameters after colons:
+``las``, ``fifo:backfill``, ``gandiva:-pack:quantum=30``. ``-flag`` switches a boolean parameter
+off, ``flag`` alone switches it on, ``key=value`` sets any parameter (converted to its type).
+Colons (not commas) separate parameters so that ``--policy fifo,las,gandiva:-pack`` stays a list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+import random
+from typing import Any
+
+from gandiva.scheduler import Policy
+
+
+def available() -> list[str]:
+    return sorted(
+        m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")
+        and m.name not in ("placement", "base")
+    )
+
+
+def _convert(name: str, raw: str, kind: Any) -> Any:
+    text = str(kind)
+    try:
+        if "bool" in text:
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if "tuple" in text:
+            return tuple(float(x) for x in raw.split("/") if x)
+        if "int" in text and "float" not in text:
+            return int(raw)
+        if "float" in text:
+            return float(raw)
+    except ValueError:
+        raise ValueError(f"policy parameter {name!r}: cannot read {raw!r} as {text}") from None
+    return raw
+
+
+def make_policy(spec: str, seed: int = 0) -> Policy:
+    """Build a policy from its spec string; ``seed`` feeds the only randomness it may use."""
+    name, *opts = [p.strip() for p in spec.strip().split(":")]
+    if name not in available():
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(available())}")
+    cls = importlib.import_module(f"gandiva.policies.{name}").POLICY
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name != "rng"}
+    kwargs: dict[str, Any] = {}
+    for opt in filter(None, opts):
+        if "=" in opt:
+            key, raw = opt.split("=", 1)
+        elif opt.startswith("-"):
+            key, raw = opt[1:], "false"
+        else:
+            key, raw = opt, "true"
+        key = key.strip().replace("-", "_")
+        if key not in fields:
+            raise ValueError(
+                f"policy {name!r} has no parameter {key!r}; it has: {', '.join(sorted(fields))}"
+            )
+        kwargs[key] = _convert(key, raw.strip(), fields[key].type)
+    policy = cls(**kwargs)
+    policy.rng = random.Random(seed)
+    policy.spec = spec.strip()
+    return policy

@@ -1,0 +1,1 @@
+"""The simulator backend: a discrete-event engine over a performance model."""

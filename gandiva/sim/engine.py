@@ -1,0 +1,367 @@
+"""The simulator backend: a virtual clock, an event queue and the performance model's truth.
+
+Progress is piecewise linear: a job's rate changes only when something happens to it or to a
+job sharing its GPUs, so the engine keeps (work done, rate, since when) per job and schedules
+its completion; nothing ticks. Every action costs what it costs in reality: the job stalls for
+the suspend/resume or migration time of its checkpoint size (the paper's Fig 13).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from gandiva import actions as A
+from gandiva import events as E
+from gandiva.scheduler import Policy, Scheduler
+from gandiva.sim.perf import PerfModel, default_perf_model
+from gandiva.spec import JobSpec
+from gandiva.state import Cluster
+
+FIRST_FEEDBACK_MINI_BATCHES = 100  # the paper's early-feedback metric: time to 100 mini-batches
+# event order at equal times: finished jobs free their GPUs before newcomers are placed
+_DONE, _FAIL, _ARRIVE, _PROFILE, _TICK = range(5)
+
+
+@dataclass
+class SimConfig:
+    seed: int = 0
+    profile_noise: float = 0.05  # relative std. dev. of profiled mini-batch time and memory
+    profile_after: int = 20  # mini-batches measured after a (re)start before a profile sample
+    checkpoint_interval: float = 1800.0  # s; a failure loses the work since the last checkpoint
+    failures: list[tuple[float, int]] = field(default_factory=list)  # (time, server)
+    timeline: bool = True  # record per-GPU segments (for the GPU timeline plot of small runs)
+    series_points: int = 2000  # utilisation/queue samples kept for plots
+
+
+@dataclass(slots=True)
+class JobRecord:
+    """The simulator's truth about one job, and what the metrics need from it."""
+
+    spec: JobSpec
+    model: str
+    work: float  # mini-batches at the requested width
+    solo_time: float  # seconds alone on its requested GPUs, consolidated, fastest GPU type
+    done: float = 0.0
+    rate: float = 0.0  # mini-batches per second now
+    t_last: float = 0.0
+    stall_until: float = 0.0
+    seg_start: float = 0.0
+    version: int = 0
+    gpus: tuple[int, ...] = ()
+    last_servers: frozenset[int] = frozenset()
+    start: float | None = None
+    first_feedback: float | None = None
+    finish: float | None = None
+    active_area_at_submit: float = 0.0
+    active_area_at_finish: float = 0.0
+
+
+@dataclass
+class SimResult:
+    policy: str
+    cluster_gpus: int
+    jobs: list[JobRecord]
+    counts: dict[str, int]
+    allocated_gpu_seconds: float
+    span: tuple[float, float]
+    series: list[tuple[float, int, int, int]]  # (time, allocated GPUs, waiting jobs, running)
+    timeline: list[tuple[int, str, float, float, bool]]  # (gpu, job, start, end, shared)
+    events: int
+    notes: list[str]
+
+
+class Simulator:
+    """Replays ``jobs`` through ``policy`` on ``cluster``; ``run()`` returns a ``SimResult``."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        policy: Policy,
+        jobs: Iterable[JobSpec],
+        *,
+        reference_gpu: str = "V100",
+        perf: PerfModel | None = None,
+        config: SimConfig | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.perf = perf or default_perf_model()
+        self.config = config or SimConfig()
+        self.scheduler = Scheduler(cluster, policy, self)
+        self.policy = policy
+        self.rng = random.Random(self.config.seed)
+        self.now = 0.0
+        self._heap: list[tuple[float, int, int, int, object]] = []
+        self._seq = 0
+        self.records: dict[str, JobRecord] = {}
+        self.counts = {k: 0 for k in ("places", "suspends", "resumes", "packs", "unpacks",
+                                      "migrations", "grows", "shrinks", "kills", "failures")}
+        self.notes: list[str] = []
+        self._gpu_types = sorted({g.type for g in cluster.gpus})
+        self._socket_size = [
+            max(sum(1 for g in n.gpus if cluster.gpus[g].socket == s) for s in (0, 1))
+            for n in cluster.nodes
+        ]
+        self._wakes: set[float] = set()
+        self._alloc_area = 0.0
+        self._active_area = 0.0
+        self._t_prev = 0.0
+        self._series: list[tuple[float, int, int, int]] = []
+        self._timeline: list[tuple[int, str, float, float, bool]] = []
+        self._events = 0
+        too_big = 0
+        for spec in jobs:
+            if spec.num_gpus > cluster.total_gpus:
+                too_big += 1
+                continue
+            self._push(spec.submit_time, _ARRIVE, spec)
+            self.records[spec.id] = self._record(spec, reference_gpu)
+        if too_big:
+            self.notes.append(
+                f"{too_big} jobs ask for more GPUs than the cluster's {cluster.total_gpus}; "
+                "left out (use a bigger --cluster)"
+            )
+        for t, node in self.config.failures:
+            self._push(t, _FAIL, node)
+
+    def _record(self, spec: JobSpec, reference_gpu: str) -> JobRecord:
+        model = self.perf.resolve(spec.model)
+        if spec.mini_batches is not None:
+            work = float(spec.mini_batches)
+        elif spec.duration is not None:
+            work = max(1.0, spec.duration / self.perf.step_time(model, reference_gpu))
+        else:
+            raise ValueError(f"job {spec.id!r}: give duration or mini_batches")
+        solo = work * min(self.perf.step_time(model, t) for t in self._gpu_types)
+        return JobRecord(spec, model, work, solo)
+
+    # ---- the event loop -----------------------------------------------------------------
+    def _push(self, t: float, kind: int, payload: object) -> None:
+        heapq.heappush(self._heap, (t, kind, self._seq, kind, payload))
+        self._seq += 1
+
+    def run(self, on_progress: Callable[[int, int], None] | None = None) -> SimResult:
+        total = len(self.records)
+        finished = 0
+        heap = self._heap
+        cluster = self.cluster
+        stride = max(1, total // 200)
+        while heap:
+            t, _, _, kind, payload = heapq.heappop(heap)
+            self._account(t)
+            self.now = t
+            self._events += 1
+            if kind == _DONE:
+                jid, version = payload  # type: ignore[misc]
+                rec = self.records[jid]
+                if version != rec.version:
+                    continue
+                self._finish(rec)
+                finished += 1
+                if on_progress and finished % stride == 0:
+                    on_progress(finished, total)
+            elif kind == _ARRIVE:
+                spec: JobSpec = payload  # type: ignore[assignment]
+                rec = self.records[spec.id]
+                rec.active_area_at_submit = self._active_area
+                self.scheduler.handle(E.Arrival(t, spec))
+            elif kind == _PROFILE:
+                jid, version = payload  # type: ignore[misc]
+                rec = self.records[jid]
+                if version == rec.version and rec.rate > 0:
+                    self.scheduler.handle(self._sample(rec))
+            elif kind == _TICK:
+                self._wakes.discard(t)
+                self.scheduler.handle(E.Tick(t))
+            elif kind == _FAIL:
+                self._fail(int(payload))  # type: ignore[call-overload]
+            self._sample_series(cluster)
+        if on_progress:
+            on_progress(finished, total)
+        unfinished = total - finished
+        if unfinished:
+            self.notes.append(f"{unfinished} jobs never finished (the policy left them waiting)")
+        submits = [r.spec.submit_time for r in self.records.values()]
+        return SimResult(
+            policy=getattr(self.policy, "spec", self.policy.name),
+            cluster_gpus=cluster.total_gpus,
+            jobs=list(self.records.values()),
+            counts=dict(self.counts),
+            allocated_gpu_seconds=self._alloc_area,
+            span=(min(submits, default=0.0),
+                  max((r.finish for r in self.records.values() if r.finish is not None),
+                      default=self.now)),
+            series=self._series,
+            timeline=self._timeline,
+            events=self._events,
+            notes=self.notes,
+        )
+
+    def _account(self, t: float) -> None:
+        dt = t - self._t_prev
+        if dt > 0:
+            c = self.cluster
+            self._alloc_area += c.allocated_count() * dt
+            self._active_area += c.active_count() * dt
+            self._t_prev = t
+
+    def _sample_series(self, c: Cluster) -> None:
+        point = (self.now, c.allocated_count(), len(c.queue) + len(c.suspended),
+                 len(c.running))
+        if not self._series or self._series[-1][1:] != point[1:]:
+            self._series.append(point)
+
+    # ---- job progress -------------------------------------------------------------------
+    def _advance(self, rec: JobRecord) -> None:
+        now = self.now
+        if rec.rate > 0.0:
+            begin = max(rec.t_last, rec.stall_until)
+            if now > begin:
+                before = rec.done
+                rec.done = min(rec.work, before + (now - begin) * rec.rate)
+                mark = min(FIRST_FEEDBACK_MINI_BATCHES, rec.work)
+                if rec.first_feedback is None and before < mark <= rec.done:
+                    rec.first_feedback = begin + (mark - before) / rec.rate
+        rec.t_last = now
+
+    def _true_rate(self, rec: JobRecord) -> float:
+        if not rec.gpus:
+            return 0.0
+        gpus = [self.cluster.gpus[g] for g in rec.gpus]
+        step = max(self.perf.step_time(rec.model, g.type) for g in gpus)
+        servers = {g.node for g in gpus}
+        # spanning sockets costs only a job that one socket could have held (the paper's 1x4
+        # ResNet-50 baseline already spans both sockets of its server)
+        cross_socket = (len(servers) == 1 and len({g.socket for g in gpus}) > 1
+                        and len(gpus) <= self._socket_size[gpus[0].node])
+        rate = len(gpus) / rec.spec.num_gpus / step
+        rate *= self.perf.locality(rec.model, len(servers), cross_socket)
+        slowest = 1.0
+        for g in gpus:
+            if len(g.jobs) > 1:
+                share = 1.0
+                for other in g.jobs:
+                    if other != rec.spec.id:
+                        share *= self.perf.packed(rec.model, self.records[other].model, g.type)[0]
+                slowest = min(slowest, share)
+        return rate * slowest
+
+    def _reflow(self, recs: Iterable[JobRecord]) -> None:
+        """Re-rate jobs whose conditions changed and re-plan their completion and profiling."""
+        for rec in recs:
+            self._advance(rec)
+            rec.rate = self._true_rate(rec)
+            rec.version += 1
+            if rec.rate > 0.0:
+                begin = max(self.now, rec.stall_until)
+                self._push(begin + (rec.work - rec.done) / rec.rate, _DONE, (rec.spec.id,
+                                                                                rec.version))
+                warmup = min(self.config.profile_after / rec.rate, 60.0)
+                self._push(begin + warmup, _PROFILE, (rec.spec.id, rec.version))
+
+    def _sample(self, rec: JobRecord) -> E.ProfileSample:
+        self._advance(rec)
+        noise = self.config.profile_noise
+        prof = self.perf.profile(rec.model)
+        jitter = max(0.5, self.rng.gauss(1.0, noise)) if noise else 1.0
+        return E.ProfileSample(
+            time=self.now,
+            job_id=rec.spec.id,
+            mini_batch_time=jitter / rec.rate,
+            memory_gb=prof.memory_gb * (max(0.5, self.rng.gauss(1.0, noise)) if noise else 1.0),
+            utilization=min(1.0, prof.utilization * jitter),
+            mini_batches_done=int(rec.done),
+        )
+
+    def _neighbours(self, gpus: Iterable[int], but: str) -> list[JobRecord]:
+        return [self.records[j] for j in self.cluster.jobs_on(gpus) if j != but]
+
+    def _stop_segment(self, rec: JobRecord) -> None:
+        if self.config.timeline and rec.gpus:
+            shared = any(len(self.cluster.gpus[g].jobs) > 1 for g in rec.gpus)
+            for g in rec.gpus:
+                self._timeline.append((g, rec.spec.id, rec.seg_start, self.now, shared))
+
+    def _move(self, rec: JobRecord, gpus: tuple[int, ...], stall: float) -> None:
+        """Give ``rec`` new GPUs (maybe none) after a stall; re-rate it and its neighbours."""
+        old = rec.gpus
+        self._advance(rec)
+        self._stop_segment(rec)
+        if gpus:
+            rec.last_servers = frozenset(self.cluster.gpus[g].node for g in gpus)
+            if rec.start is None:
+                rec.start = self.now
+        rec.gpus = gpus
+        rec.seg_start = self.now
+        rec.stall_until = self.now + stall
+        self._reflow([rec, *self._neighbours(old, rec.spec.id),
+                      *self._neighbours(gpus, rec.spec.id)])
+
+    # ---- the backend interface: carry out an action (already applied to the state) ------
+    def execute(self, action: A.Action, cluster: Cluster) -> None:
+        if isinstance(action, A.Wake):
+            if action.time >= self.now and action.time not in self._wakes:
+                self._wakes.add(action.time)
+                self._push(action.time, _TICK, None)
+            return
+        rec = self.records[action.job_id]
+        ckpt = self.perf.profile(rec.model).checkpoint_mb
+        new = cluster.jobs[action.job_id].gpus
+        servers = frozenset(cluster.gpus[g].node for g in new)
+        across = bool(rec.last_servers) and servers != rec.last_servers
+        if isinstance(action, A.Place):
+            self.counts["places"] += 1
+            self._move(rec, new, 0.0)
+        elif isinstance(action, A.Pack):
+            self.counts["packs"] += 1
+            resumed = rec.start is not None
+            cost = self.perf.suspend_resume_time(ckpt) if resumed else 0.0
+            if across:
+                cost = self.perf.migration_time(ckpt, True)
+            self._move(rec, new, cost)
+        elif isinstance(action, A.Resume):
+            self.counts["resumes"] += 1
+            cost = (self.perf.migration_time(ckpt, True) if across
+                    else self.perf.suspend_resume_time(ckpt))
+            self._move(rec, new, cost)
+        elif isinstance(action, A.Suspend | A.Unpack):
+            self.counts["unpacks" if isinstance(action, A.Unpack) else "suspends"] += 1
+            self._move(rec, (), 0.0)  # the suspend half is charged on resume
+        elif isinstance(action, A.Migrate | A.Grow | A.Shrink):
+            key = {A.Migrate: "migrations", A.Grow: "grows", A.Shrink: "shrinks"}[type(action)]
+            self.counts[key] += 1
+            self._move(rec, new, self.perf.migration_time(ckpt, across))
+        elif isinstance(action, A.Kill):
+            self.counts["kills"] += 1
+            self._move(rec, (), 0.0)
+            rec.version += 1
+            rec.finish = None
+
+    def _finish(self, rec: JobRecord) -> None:
+        self._advance(rec)
+        rec.done = rec.work
+        if rec.first_feedback is None:
+            rec.first_feedback = self.now
+        rec.finish = self.now
+        rec.active_area_at_finish = self._active_area
+        self._stop_segment(rec)
+        neighbours = self._neighbours(rec.gpus, rec.spec.id)
+        rec.gpus = ()
+        rec.rate = 0.0
+        rec.version += 1
+        self.scheduler.handle(E.Departure(self.now, rec.spec.id))
+        self._reflow(n for n in neighbours if n.gpus)
+
+    def _fail(self, node: int) -> None:
+        self.counts["failures"] += 1
+        hit = [self.records[j] for j in self.cluster.jobs_on(self.cluster.nodes[node].gpus)]
+        for rec in hit:
+            self._advance(rec)
+            ran = self.now - max(rec.seg_start, rec.stall_until)
+            if ran > 0 and rec.rate > 0:
+                lost = (ran % self.config.checkpoint_interval) * rec.rate
+                rec.done = max(0.0, rec.done - lost)
+            self._move(rec, (), 0.0)
+        self.scheduler.handle(E.Failure(self.now, node))

@@ -1,0 +1,89 @@
+"""The baselines' decisions on small hand-built clusters, with hand-computed JCTs."""
+
+import pytest
+from conftest import job
+
+from gandiva import actions as A
+from gandiva import events as E
+from gandiva.metrics import summarize
+from gandiva.policies import available, make_policy
+from gandiva.policies.placement import best_fit
+from gandiva.sim.perf import default_perf_model
+from gandiva.sim.run import simulate
+from gandiva.spec import JobSpec
+from gandiva.state import Cluster
+
+
+def jcts(result) -> dict[str, float]:
+    return {r.spec.id: r.finish - r.spec.submit_time for r in result.jobs}
+
+
+def test_policy_registry_and_parameters():
+    assert {"fifo", "las"} <= set(available())
+    assert make_policy("fifo:backfill").backfill is True
+    assert make_policy("las:queue_limits=5/50").queue_limits == (5.0, 50.0)
+    with pytest.raises(ValueError, match="unknown policy 'nope'"):
+        make_policy("nope")
+    with pytest.raises(ValueError, match="no parameter 'colour'"):
+        make_policy("fifo:colour=red")
+    with pytest.raises(ValueError, match="backfill_depth"):
+        make_policy("fifo:backfill_depth=many")
+
+
+def test_best_fit_prefers_fullest_server_and_one_socket():
+    c = Cluster.build("2x4")
+    c.observe(E.Arrival(0, JobSpec("x", 0, 3, "resnet50", duration=1)))
+    c.apply(A.Place("x", (0, 1, 2)))
+    assert best_fit(c, 1) == (3,)  # server 0 has one free GPU left: fill it first
+    assert best_fit(c, 2) == (4, 5)  # same socket of the empty server
+    assert best_fit(c, 5) is not None and len(set(best_fit(c, 5))) == 5
+    assert best_fit(c, 6) is None
+
+
+def test_best_fit_takes_whole_servers_for_big_gangs():
+    c = Cluster.build("3x4")
+    c.observe(E.Arrival(0, JobSpec("x", 0, 1, "resnet50", duration=1)))
+    c.apply(A.Place("x", (0,)))
+    gpus = best_fit(c, 8)
+    assert sorted(gpus) == list(range(4, 12))
+
+
+def test_fifo_three_jobs_two_gpus_exact(make_trace):
+    trace = make_trace(job("a", 0, 1, 100), job("b", 10, 2, 50), job("c", 20, 1, 30))
+    strict = simulate(trace, "fifo", cluster="1x2")
+    assert jcts(strict) == pytest.approx({"a": 100, "b": 140, "c": 160})
+    s = summarize(strict)
+    assert s["mean_jct_s"] == pytest.approx(400 / 3)
+    assert s["makespan_s"] == pytest.approx(180)
+    assert s["mean_queue_s"] == pytest.approx((0 + 90 + 130) / 3)
+    # busy GPU-seconds: a 100, b 2x50, c 30 over 2 GPUs x 180 s
+    assert s["utilization"] == pytest.approx(230 / 360)
+    backfill = simulate(trace, "fifo:backfill", cluster="1x2")
+    assert jcts(backfill) == pytest.approx({"a": 100, "b": 140, "c": 30})
+
+
+def test_las_preempts_for_newcomers_and_charges_resume(make_trace):
+    trace = make_trace(job("a", 0, 1, 100), job("b", 10, 1, 20))
+    res = simulate(trace, "las:queue_limits=5", cluster="1x1")
+    perf = default_perf_model()
+    c = perf.suspend_resume_time(perf.profile("resnet50").checkpoint_mb)
+    # a: 0-10, b: 10-15 (crosses 5 GPU-s, falls behind older a), a: 15+c .. 105+c, b resumes
+    assert jcts(res) == pytest.approx({"a": 105 + c, "b": 110 + 2 * c})
+    assert res.counts["suspends"] == 2 and res.counts["resumes"] == 2
+
+
+def test_las_beats_fifo_on_mean_jct_with_a_long_job_ahead(make_trace):
+    trace = make_trace(job("long", 0, 1, 3600), *(job(f"s{i}", 10 + i, 1, 60) for i in range(5)))
+    fifo = summarize(simulate(trace, "fifo", cluster="1x1"))
+    las = summarize(simulate(trace, "las:queue_limits=120", cluster="1x1"))
+    assert las["mean_jct_s"] < fifo["mean_jct_s"] / 2
+    assert las["suspends"] >= 1 and fifo["suspends"] == 0
+
+
+def test_gang_waits_for_a_whole_server_under_locality_aware_fifo(make_trace):
+    trace = make_trace(job("one", 0, 1, 100), job("four", 1, 4, 100))
+    res = simulate(trace, "fifo", cluster="2x4")
+    rec = {r.spec.id: r for r in res.jobs}
+    # the 4-GPU gang gets the empty server, not 3 + 1 spread over two
+    assert jcts(res)["four"] == pytest.approx(100)
+    assert rec["four"].last_servers == frozenset({1})
