@@ -75,7 +75,7 @@ def simulate(
                                          "23x4:P100+22x4:P40")] = "25x4",
     gpu_type: Annotated[str, typer.Option(help="GPU type where --cluster names none")] = "V100",
     jobs: Annotated[int | None, typer.Option(help="Take only the first N jobs")] = None,
-    window: Annotated[str | None, typer.Option(help="START:END submit-time window, seconds")] = None,
+    window: Annotated[str | None, typer.Option(help="START:END submit window, seconds")] = None,
     arrival_scale: Annotated[float, typer.Option(help="Arrivals this many times denser")] = 1.0,
     mix: Annotated[str, typer.Option(help="Model mix for traces without models")] = "paper",
     seed: Annotated[int, typer.Option(help="Seed for model assignment, noise and policies")] = 0,
@@ -174,8 +174,9 @@ def policies() -> None:
 
     for name in available():
         cls = importlib.import_module(f"gandiva.policies.{name}").POLICY
+        hidden = ("name", "spec", "rng")
         params = [f"{f.name}={f.default!r}" for f in dataclasses.fields(cls)
-                  if f.init and not f.name.startswith("_") and f.name not in ("name", "spec", "rng")]
+                  if f.init and not f.name.startswith("_") and f.name not in hidden]
         console.print(f"[bold]{name}[/]  {' '.join(params)}")
         doc = (cls.__module__ and importlib.import_module(cls.__module__).__doc__) or ""
         console.print(f"  [dim]{doc.strip().splitlines()[0]}[/]")

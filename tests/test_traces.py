@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import time
 from collections import Counter
 from datetime import datetime
 from functools import cache
@@ -130,12 +129,6 @@ def test_philly_times_are_seconds_since_first_submission_and_users_are_vcs() -> 
     assert (first_row.duration, first_row.num_gpus, first_row.user) == (66.0, 1, "vc_11cb48")
     paper_models = {m for models in MIXES["paper"]["models"].values() for m in models}
     assert {job.model for job in trace.jobs} <= paper_models
-
-
-def test_philly_loads_fast() -> None:
-    start = time.perf_counter()
-    load_trace("philly")
-    assert time.perf_counter() - start < 3.0  # ~0.8 s measured; generous against a busy machine
 
 
 def test_chronus_times_are_minutes_converted_to_seconds() -> None:
