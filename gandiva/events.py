@@ -42,10 +42,19 @@ class Failure:
 
 
 @dataclass(frozen=True, slots=True)
+class PriorityChange:
+    """A user or a controller (e.g. a hyper-parameter search) changed a job's priority."""
+
+    time: float
+    job_id: str
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """A timer the policy asked for with a ``Wake`` action."""
 
     time: float
 
 
-Event = Arrival | Departure | ProfileSample | Failure | Tick
+Event = Arrival | Departure | ProfileSample | Failure | PriorityChange | Tick

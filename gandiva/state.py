@@ -206,6 +206,8 @@ class Cluster:
             job.memory_gb = event.memory_gb
             job.utilization = event.utilization
             job.mini_batches_done = event.mini_batches_done
+        elif isinstance(event, E.PriorityChange):
+            self.jobs[event.job_id].priority = event.priority
         elif isinstance(event, E.Failure):
             node = self.nodes[event.node]
             node.up = False
@@ -284,9 +286,6 @@ class Cluster:
             job.finish_time = self.now
         else:  # pragma: no cover - exhaustive over Action
             raise InvariantError(f"unknown action {action!r}")
-
-    def set_priority(self, job_id: str, priority: int) -> None:
-        self.jobs[job_id].priority = priority
 
     # ---- internals ----------------------------------------------------------------------
     @staticmethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 from gandiva.state import Cluster
 
 
-def _pick_in_server(cluster: Cluster, node: int, count: int) -> list[int]:
+def pick_in_server(cluster: Cluster, node: int, count: int) -> list[int]:
     """``count`` free GPUs of one server, filling the socket with fewest free GPUs that fits."""
     free = cluster.free_gpus(node)
     if count == len(free):
@@ -35,7 +35,7 @@ def best_fit(cluster: Cluster, count: int) -> tuple[int, ...] | None:
     if count <= top:
         for have in range(count, top + 1):
             for node in cluster.nodes_with_free(have):
-                return tuple(_pick_in_server(cluster, node, count))
+                return tuple(pick_in_server(cluster, node, count))
     if cluster.free_count() < count:
         return None
     picked: list[int] = []
@@ -43,7 +43,7 @@ def best_fit(cluster: Cluster, count: int) -> tuple[int, ...] | None:
         nodes = sorted(cluster.nodes_with_free(have), key=lambda n: (cluster.nodes[n].rack, n))
         for node in nodes:
             take = min(have, count - len(picked))
-            picked.extend(_pick_in_server(cluster, node, take))
+            picked.extend(pick_in_server(cluster, node, take))
             if len(picked) == count:
                 return tuple(picked)
     return None

@@ -34,6 +34,7 @@ class SimConfig:
     failures: list[tuple[float, int]] = field(default_factory=list)  # (time, server)
     timeline: bool = True  # record per-GPU segments (for the GPU timeline plot of small runs)
     series_points: int = 2000  # utilisation/queue samples kept for plots
+    check_invariants: bool = False  # full state check after every event (tests, debugging)
 
 
 @dataclass(slots=True)
@@ -69,6 +70,7 @@ class SimResult:
     span: tuple[float, float]
     series: list[tuple[float, int, int, int]]  # (time, allocated GPUs, waiting jobs, running)
     timeline: list[tuple[int, str, float, float, bool]]  # (gpu, job, start, end, shared)
+    actions: list[tuple[float, A.Action]]  # every action with its time (when timeline is on)
     events: int
     notes: list[str]
 
@@ -110,6 +112,7 @@ class Simulator:
         self._t_prev = 0.0
         self._series: list[tuple[float, int, int, int]] = []
         self._timeline: list[tuple[int, str, float, float, bool]] = []
+        self._actions: list[tuple[float, A.Action]] = []
         self._events = 0
         too_big = 0
         for spec in jobs:
@@ -178,6 +181,8 @@ class Simulator:
             elif kind == _FAIL:
                 self._fail(int(payload))  # type: ignore[call-overload]
             self._sample_series(cluster)
+            if self.config.check_invariants:
+                cluster.check_invariants()
         if on_progress:
             on_progress(finished, total)
         unfinished = total - finished
@@ -195,6 +200,7 @@ class Simulator:
                       default=self.now)),
             series=self._series,
             timeline=self._timeline,
+            actions=self._actions,
             events=self._events,
             notes=self.notes,
         )
@@ -301,6 +307,8 @@ class Simulator:
 
     # ---- the backend interface: carry out an action (already applied to the state) ------
     def execute(self, action: A.Action, cluster: Cluster) -> None:
+        if self.config.timeline:
+            self._actions.append((self.now, action))
         if isinstance(action, A.Wake):
             if action.time >= self.now and action.time not in self._wakes:
                 self._wakes.add(action.time)

@@ -1,0 +1,234 @@
+"""``gandiva``: the Gandiva policy (Xiao et al., OSDI 2018), reactive and introspective.
+
+Reactive: place arrivals by affinity, over-subscribing servers (Algorithm 1); on departures,
+start waiting jobs and lower the cluster's height by moving waiting jobs onto freed GPUs.
+Introspective, continuously: time-slice over-subscribed servers, pack under overload when the
+profiles say it pays, migrate for locality, defragment, grow and shrink elastic jobs.
+
+Each introspective step can be switched off to measure it alone, e.g. ``gandiva:-pack:-migrate``
+(steps: ``pack``, ``migrate``, ``defrag``, ``elastic``, ``oversubscribe``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from sortedcontainers import SortedList
+
+from gandiva import actions as A
+from gandiva import events as E
+from gandiva.policies.gandiva import elastic, migration, packing, timeslice
+from gandiva.policies.gandiva.book import Book
+from gandiva.policies.gandiva.placement import choose_server, gang_gpus, gpus_on
+from gandiva.state import Cluster, Job, JobStatus
+
+
+@dataclass
+class Gandiva:
+    # the switches, one per mechanism
+    oversubscribe: bool = True
+    pack: bool = True
+    migrate: bool = True
+    defrag: bool = True
+    elastic: bool = True
+    # the paper's suspend/resume quantum
+    quantum: float = 60.0
+    # "roundrobin" (the paper) or "las": order time slices by attained service (least first)
+    slice_order: str = "roundrobin"
+    # at most this many jobs' demand per GPU on an over-subscribed server: each job keeps at
+    # least a third of its GPU's time, so feedback stays early and host memory bounded
+    max_height: float = 3.0
+    # a packed pair must beat time-slicing's normalised throughput of 1.0 by this much;
+    # profiles are noisy, and a pair that only ties is not worth its interference risk
+    pack_min_gain: float = 0.05
+    # elastic jobs grow into GPUs idle this long: long enough that a burst of arrivals is not
+    # met by a job that must shrink again at once
+    grow_idle_s: float = 300.0
+    # defragmentation runs this often while a job waits on fragmented GPUs
+    defrag_interval: float = 300.0
+    # "negligible loss": a move costing more than this (estimated from memory) is not made
+    defrag_max_move_s: float = 10.0
+    # locality migrations per decision, so one departure cannot trigger a migration storm
+    max_moves: int = 4
+    # waiting jobs examined per decision
+    scan_depth: int = 256
+    name: str = "gandiva"
+    spec: str = "gandiva"
+    rng: random.Random = field(default_factory=random.Random, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.slice_order not in ("roundrobin", "las"):
+            raise ValueError(f"slice_order must be roundrobin or las, not {self.slice_order!r}")
+        if self.quantum <= 0:
+            raise ValueError("quantum must be positive (seconds)")
+        self.book: Book | None = None  # type: ignore[assignment]
+        self.unassigned: SortedList = SortedList()  # (-priority, seq, job id)
+        self.timers: list[tuple[float, str, int]] = []
+        self._armed: set[tuple[str, int]] = set()
+        self._wake = -1.0
+        self.solo_mbt: dict[str, float] = {}
+        self.packed_mbt: dict[str, float] = {}
+        self.trials: dict[str, str] = {}  # packed guest -> host, awaiting judgement
+        self.bad_pairs: set[frozenset[str]] = set()
+        self.pack_gains: list[float] = []
+        self.spread: dict[str, None] = {}
+        self.idle_since: dict[int, float] = {}
+        self.defrags = 0
+
+    # ---- timers -------------------------------------------------------------------------
+    def timer(self, at: float, kind: str, server: int = -1) -> None:
+        if (kind, server) not in self._armed:
+            self._armed.add((kind, server))
+            heapq.heappush(self.timers, (at, kind, server))
+
+    def _due(self, now: float) -> list[tuple[str, int]]:
+        due = []
+        while self.timers and self.timers[0][0] <= now + 1e-9:
+            _, kind, server = heapq.heappop(self.timers)
+            self._armed.discard((kind, server))
+            due.append((kind, server))
+        return due
+
+    # ---- the decision -------------------------------------------------------------------
+    def decide(self, event: E.Event, cluster: Cluster) -> Iterator[A.Action]:
+        if self.book is None:
+            self.book = Book.of(cluster)
+        touched: set[int] = set()
+        if isinstance(event, E.Arrival):
+            job = cluster.jobs[event.job.id]
+            self.unassigned.add((-job.priority, job.seq, job.id))
+        elif isinstance(event, E.Departure):
+            job = cluster.jobs[event.job_id]
+            touched.update(self.book.home.get(job.id, ()))
+            self._forget(job)
+        elif isinstance(event, E.Failure):
+            self._recover(cluster, event.node)
+        elif isinstance(event, E.PriorityChange):
+            job = cluster.jobs[event.job_id]
+            key = next((k for k in self.unassigned if k[2] == job.id), None)
+            if key is not None:
+                self.unassigned.remove(key)
+                self.unassigned.add((-job.priority, job.seq, job.id))
+            touched.update(self.book.home.get(job.id, ()))
+        elif isinstance(event, E.ProfileSample):
+            packing.observe(self, cluster, event)
+            if self.pack:
+                yield from packing.judge(self, cluster)
+            return
+
+        due = self._due(cluster.now) if isinstance(event, E.Tick) else []
+        for kind, server in due:
+            if kind == "slice":
+                touched.add(server)
+        for server in sorted(touched):
+            yield from self._refill(cluster, server)
+        yield from self._place_waiting(cluster)
+        if isinstance(event, E.Departure):
+            yield from self._lower_height(cluster)
+            if self.migrate:
+                yield from migration.consolidate(self, cluster)
+        for kind, server in due:
+            if kind == "grow" and self.elastic:
+                yield from elastic.grow(self, cluster, server)
+            elif kind == "defrag" and self.defrag:
+                yield from migration.defragment(self, cluster)
+                yield from self._place_waiting(cluster)
+        if self.elastic:
+            elastic.note_idle(self, cluster, touched)
+        if (self.defrag and self.unassigned and ("defrag", -1) not in self._armed
+                and migration.fragmented_job(self, cluster)):
+            self.timer(cluster.now + self.defrag_interval, "defrag")
+        if self.timers and self.timers[0][0] != self._wake:
+            self._wake = self.timers[0][0]
+            yield A.Wake(self._wake)
+
+    # ---- steps --------------------------------------------------------------------------
+    def _forget(self, job: Job) -> None:
+        self.book.release(job)
+        for d in (self.solo_mbt, self.packed_mbt, self.trials, self.spread):
+            d.pop(job.id, None)
+        self.book.last_start.pop(job.id, None)
+
+    def _refill(self, cluster: Cluster, server: int) -> Iterator[A.Action]:
+        """A round of time-slicing on ``server`` (and packing if it stays over-subscribed)."""
+        yield from timeslice.rotate(self, cluster, server)
+        if self.pack:
+            yield from packing.spread_out(self, cluster, server)
+            if self.book.waiting(server, cluster):
+                yield from packing.try_pack(self, cluster, server)
+        if self.book.waiting(server, cluster):
+            self.timer(cluster.now + self.quantum, "slice", server)
+
+    def _place_waiting(self, cluster: Cluster) -> Iterator[A.Action]:
+        """Algorithm 1 for the jobs not yet on a server, highest priority then oldest first."""
+        i = 0
+        while i < min(self.scan_depth, len(self.unassigned)):
+            job = cluster.jobs[self.unassigned[i][2]]
+            placed = yield from self._place(cluster, job)
+            if not placed and self.elastic:
+                shrunk = list(elastic.shrink_for(self, cluster, job))
+                yield from shrunk
+                if shrunk:
+                    placed = yield from self._place(cluster, job)
+            if placed:
+                self.unassigned.remove((-job.priority, job.seq, job.id))
+            else:
+                i += 1
+
+    def _place(self, cluster: Cluster, job: Job):  # -> Generator[A.Action, None, bool]
+        biggest = max(n.size for n in cluster.nodes)
+        if job.num_gpus > biggest:
+            gpus = gang_gpus(job, cluster)
+            if gpus is None:
+                return False
+            self.book.assign(job, tuple(sorted(cluster.servers_of(gpus))))
+            yield self._start(job, gpus, cluster.now)
+            if migration.is_spread(cluster, job.num_gpus, job.gpus):
+                self.spread[job.id] = None
+            return True
+        choice = choose_server(job, cluster, self.book, self.max_height, self.oversubscribe)
+        if choice is None:
+            return False
+        server, starts = choice
+        self.book.assign(job, (server,))
+        if starts:
+            yield self._start(job, gpus_on(cluster, server, job.num_gpus), cluster.now)
+            if migration.is_spread(cluster, job.num_gpus, job.gpus):
+                self.spread[job.id] = None
+        else:
+            self.timer(cluster.now + self.quantum, "slice", server)
+        return True
+
+    def _start(self, job: Job, gpus: tuple[int, ...], now: float) -> A.Action:
+        self.book.last_start[job.id] = now
+        if job.status is JobStatus.SUSPENDED:
+            return A.Resume(job.id, gpus)
+        return A.Place(job.id, gpus)
+
+    def _lower_height(self, cluster: Cluster) -> Iterator[A.Action]:
+        """Move waiting jobs from the highest servers onto free GPUs of servers with no queue."""
+        book = self.book
+        crowded = [s for s in range(len(cluster.nodes)) if book.height(s) > 1.0]
+        for src in sorted(crowded, key=lambda s: -book.height(s)):
+            for job in sorted(book.waiting(src, cluster), key=lambda j: j.seq):
+                dest = next((n.id for n in cluster.nodes if n.up and n.id != src
+                             and len(cluster.free_gpus(n.id)) >= job.num_gpus
+                             and not book.waiting(n.id, cluster)), None)
+                if dest is None:
+                    return
+                book.assign(job, (dest,))
+                yield self._start(job, gpus_on(cluster, dest, job.num_gpus), cluster.now)
+
+    def _recover(self, cluster: Cluster, node: int) -> None:
+        """Jobs of a failed server go back to placement (from their last checkpoint)."""
+        for jid in list(self.book.members[node]):
+            job = cluster.jobs[jid]
+            self.book.release(job)
+            self.spread.pop(jid, None)
+            self.unassigned.add((-job.priority, job.seq, job.id))
+
+
+POLICY = Gandiva

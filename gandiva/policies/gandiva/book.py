@@ -1,0 +1,60 @@
+"""The policy's own bookkeeping: which jobs each server hosts (running or waiting its turn).
+
+Gandiva assigns a job to a server even when the server has no free GPU (over-subscription);
+the server then time-slices its jobs. The cluster state knows where jobs *run*; this book knows
+where they *belong*, and from it the server's affinity and height.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gandiva.state import Cluster, Job, JobStatus
+
+
+@dataclass
+class Book:
+    members: list[dict[str, None]]  # per server: jobs assigned to it (ordered set)
+    demand: list[int]  # per server: GPUs its jobs ask for in total
+    size: list[int]
+    home: dict[str, tuple[int, ...]] = field(default_factory=dict)  # job -> its servers
+    last_start: dict[str, float] = field(default_factory=dict)  # for round-robin order
+
+    @classmethod
+    def of(cls, cluster: Cluster) -> Book:
+        n = len(cluster.nodes)
+        return cls([{} for _ in range(n)], [0] * n, [node.size for node in cluster.nodes])
+
+    def height(self, server: int) -> float:
+        """Demand over capacity: above 1 the server time-slices (the paper's "height")."""
+        return self.demand[server] / self.size[server]
+
+    def affinity(self, server: int, cluster: Cluster) -> int | None:
+        """The gang size of the jobs a server hosts (the paper's affinity); None when empty.
+
+        Decision: a server takes the affinity of the first job it hosts and keeps it until it
+        empties; jobs placed on it later by the fall-back steps do not change it.
+        """
+        for jid in self.members[server]:
+            return cluster.jobs[jid].num_gpus
+        return None
+
+    def assign(self, job: Job, servers: tuple[int, ...]) -> None:
+        self.release(job)
+        self.home[job.id] = servers
+        share = job.num_gpus if len(servers) == 1 else None
+        for s in servers:
+            self.members[s][job.id] = None
+            self.demand[s] += share if share is not None else self.size[s]
+
+    def release(self, job: Job) -> None:
+        servers = self.home.pop(job.id, ())
+        share = job.num_gpus if len(servers) == 1 else None
+        for s in servers:
+            self.members[s].pop(job.id, None)
+            self.demand[s] -= share if share is not None else self.size[s]
+
+    def waiting(self, server: int, cluster: Cluster) -> list[Job]:
+        """Jobs assigned to ``server`` that are not running: they wait for a time slice."""
+        return [cluster.jobs[j] for j in self.members[server]
+                if cluster.jobs[j].status is not JobStatus.RUNNING]

@@ -1,0 +1,131 @@
+"""Migration: for locality when jobs leave, and background defragmentation.
+
+Locality: a job spread over more servers than it needs (or over two sockets when one would
+hold it) moves to a consolidated set of GPUs as soon as departures make one free.
+
+Defragmentation: when a waiting job could run on the free GPUs the cluster has, but no server
+holds enough of them, empty the non-idle server with the most free GPUs by moving its jobs onto
+other servers' free GPUs, as long as each move costs little. A move's cost is estimated from
+the job's profiled GPU memory (an upper bound on its checkpoint) with the paper's Fig 13 slope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from math import ceil
+from typing import TYPE_CHECKING
+
+from gandiva import actions as A
+from gandiva.policies.placement import best_fit, pick_in_server
+from gandiva.state import Cluster, Job, JobStatus
+
+if TYPE_CHECKING:
+    from gandiva.policies.gandiva import Gandiva
+
+# Fig 13: 0.22 s at 8 MB to 2.45 s at 1,405 MB within a server: about 0.2 s + 1.6 ms per MB
+MOVE_FIXED_S, MOVE_PER_MB_S = 0.2, 0.0016
+UNPROFILED_MEMORY_GB = 16.0  # a job not yet profiled is assumed to fill a 16 GB GPU
+
+
+def move_cost(job: Job) -> float:
+    gb = job.memory_gb if job.memory_gb is not None else UNPROFILED_MEMORY_GB
+    return MOVE_FIXED_S + MOVE_PER_MB_S * gb * 1024
+
+
+def is_spread(cluster: Cluster, num_gpus: int, gpus: tuple[int, ...]) -> bool:
+    """Are ``gpus`` on more servers, or sockets, than a job of ``num_gpus`` needs?"""
+    first = cluster.nodes[cluster.gpus[gpus[0]].node]
+    servers = cluster.servers_of(gpus)
+    if len(servers) > ceil(num_gpus / first.size):
+        return True
+    if len(servers) > 1:
+        return False
+    sockets = len({cluster.gpus[g].socket for g in first.gpus})
+    used = len({cluster.gpus[g].socket for g in gpus})
+    return used > 1 and num_gpus <= first.size // sockets
+
+
+def consolidate(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
+    """Move spread jobs onto consolidated GPUs that have become free (a few per decision)."""
+    moved = 0
+    for jid in list(p.spread):
+        job = cluster.jobs[jid]
+        if job.status is not JobStatus.RUNNING or not is_spread(cluster, job.num_gpus, job.gpus):
+            p.spread.pop(jid, None)
+            continue
+        if moved >= p.max_moves:
+            return
+        target = _consolidated(cluster, job)
+        if target is None:
+            continue
+        yield A.Migrate(jid, target)
+        p.spread.pop(jid, None)
+        p.book.assign(job, tuple(sorted(cluster.servers_of(target))))
+        moved += 1
+
+
+def _consolidated(cluster: Cluster, job: Job) -> tuple[int, ...] | None:
+    n = job.num_gpus
+    if n <= cluster.max_free_bucket:
+        for have in range(n, cluster.max_free_bucket + 1):
+            for node in cluster.nodes_with_free(have):
+                gpus = tuple(pick_in_server(cluster, node, n))
+                if not is_spread(cluster, n, gpus):
+                    return gpus
+        return None
+    gpus = best_fit(cluster, n)
+    return None if gpus is None or is_spread(cluster, n, gpus) else gpus
+
+
+def fragmented_job(p: Gandiva, cluster: Cluster) -> Job | None:
+    """The first waiting job that the free GPUs could hold if they were on one server."""
+    free = cluster.free_count()
+    for key in p.unassigned.islice(0, p.scan_depth):
+        job = cluster.jobs[key[2]]
+        if job.num_gpus <= free and job.num_gpus <= cluster.max_free_bucket and not any(
+                True for have in range(job.num_gpus, cluster.max_free_bucket + 1)
+                for _ in cluster.nodes_with_free(have)):
+            return job
+    return None
+
+
+def defragment(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
+    """Empty the non-idle server with the most free GPUs, if its jobs move cheaply."""
+    blocked = fragmented_job(p, cluster)
+    if blocked is None:
+        return
+    sources = [n.id for n in cluster.nodes if n.up and 0 < len(cluster.free_gpus(n.id)) < n.size]
+    for source in sorted(sources, key=lambda s: (-len(cluster.free_gpus(s)), s)):
+        members = [cluster.jobs[j] for j in p.book.members[source]]
+        if not members or any(
+            j.status is not JobStatus.RUNNING or len(p.book.home[j.id]) > 1
+            or move_cost(j) > p.defrag_max_move_s or len(cluster.gpus[j.gpus[0]].jobs) > 1
+            for j in members
+        ):
+            continue
+        plan = _plan_moves(cluster, source, members)
+        if plan is None:
+            continue
+        for job, gpus in plan:
+            yield A.Migrate(job.id, gpus)
+            p.book.assign(job, (cluster.gpus[gpus[0]].node,))
+        p.defrags += 1
+        return
+
+
+def _plan_moves(cluster: Cluster, source: int, jobs: list[Job]) -> list | None:
+    """Best-fit destinations on other servers for all ``jobs``, or None if any has none."""
+    free = {n.id: len(cluster.free_gpus(n.id)) for n in cluster.nodes
+            if n.up and n.id != source and cluster.free_gpus(n.id)}
+    taken: dict[int, int] = {}
+    plan = []
+    for job in sorted(jobs, key=lambda j: -j.num_gpus):
+        fits = [s for s, f in free.items() if f >= job.num_gpus]
+        if not fits:
+            return None
+        dest = min(fits, key=lambda s: (free[s], s))
+        gpus = cluster.free_gpus(dest)[taken.get(dest, 0): taken.get(dest, 0) + job.num_gpus]
+        taken[dest] = taken.get(dest, 0) + job.num_gpus
+        free[dest] -= job.num_gpus
+        plan.append((job, tuple(gpus)))
+    return plan

@@ -1,0 +1,48 @@
+"""Algorithm 1 of the paper: affinity placement with over-subscription.
+
+For a job that fits in one server, in order: a server of the same affinity with free GPUs,
+least loaded first; an empty server; any server with free GPUs; over-subscribe a server of the
+same affinity; else the job queues. "Load" is the server's height (GPUs demanded by its jobs
+over its GPUs). A job larger than a server gets whole free servers, racks kept together.
+"""
+
+from __future__ import annotations
+
+from gandiva.policies.gandiva.book import Book
+from gandiva.policies.placement import best_fit, pick_in_server
+from gandiva.state import Cluster, Job
+
+
+def choose_server(
+    job: Job, cluster: Cluster, book: Book, max_height: float, oversubscribe: bool
+) -> tuple[int, bool] | None:
+    """The server for ``job`` and whether it can start at once (False: it waits for a slice)."""
+    n = job.num_gpus
+    same, empty, other, crowded = [], [], [], []
+    for node in cluster.nodes:
+        s = node.id
+        if not node.up or node.size < n:
+            continue
+        free = len(cluster.free_gpus(s))
+        aff = book.affinity(s, cluster)
+        if aff is None and free == node.size:
+            empty.append(s)
+        elif free >= n:
+            (same if aff == n else other).append(s)
+        elif aff == n and (book.demand[s] + n) / node.size <= max_height:
+            crowded.append(s)
+    for group, starts in ((same, True), (empty, True), (other, True)):
+        if group:
+            return min(group, key=lambda s: (book.height(s), s)), starts
+    if oversubscribe and crowded:
+        return min(crowded, key=lambda s: (book.height(s), s)), False
+    return None
+
+
+def gpus_on(cluster: Cluster, server: int, count: int) -> tuple[int, ...]:
+    return tuple(pick_in_server(cluster, server, count))
+
+
+def gang_gpus(job: Job, cluster: Cluster) -> tuple[int, ...] | None:
+    """GPUs for a job bigger than one server: whole free servers first (see ``best_fit``)."""
+    return best_fit(cluster, job.num_gpus)

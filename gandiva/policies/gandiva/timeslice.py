@@ -1,0 +1,57 @@
+"""Time-slicing on an over-subscribed server: a round of suspends and resumes every quantum.
+
+Each round gives the server's GPUs to its jobs in order: higher priority first (a job is never
+suspended for a lower-priority one), then, by default, round-robin: the job that got a GPU
+least recently goes first, so newcomers (never run) go first of all, which is what gives every
+job early feedback. ``slice_order="las"`` orders by attained service instead (least first),
+Tiresias' idea applied inside a server. Jobs packed onto a shared GPU keep it during a round;
+the packing step decides about them. A multi-GPU job is suspended and resumed as a whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from gandiva import actions as A
+from gandiva.policies.gandiva.placement import gpus_on
+from gandiva.state import Cluster, Job, JobStatus
+
+if TYPE_CHECKING:
+    from gandiva.policies.gandiva import Gandiva
+
+
+def order_key(p: Gandiva, job: Job, now: float) -> tuple[float, float, int]:
+    if p.slice_order == "las":
+        turn = job.attained_at(now)
+    else:
+        turn = p.book.last_start.get(job.id, float("-inf"))
+    return (-job.priority, turn, job.seq)
+
+
+def rotate(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
+    """One round on ``server``: decide who runs for the next quantum and switch."""
+    book, now = p.book, cluster.now
+    jobs = [cluster.jobs[j] for j in book.members[server]]
+    pinned = {j.id for j in jobs if j.status is JobStatus.RUNNING
+              and (len(book.home[j.id]) > 1 or any(len(cluster.gpus[g].jobs) > 1 for g in j.gpus))}
+    capacity = cluster.nodes[server].size - sum(
+        1 for g in cluster.nodes[server].gpus if any(j in pinned for j in cluster.gpus[g].jobs))
+    chosen: list[Job] = []
+    for job in sorted((j for j in jobs if j.id not in pinned), key=lambda j: order_key(p, j, now)):
+        if job.num_gpus <= capacity:
+            chosen.append(job)
+            capacity -= job.num_gpus
+    keep = {j.id for j in chosen}
+    for job in jobs:
+        if job.status is JobStatus.RUNNING and job.id not in pinned and job.id not in keep:
+            yield A.Suspend(job.id)
+    for job in sorted(chosen, key=lambda j: -j.num_gpus):
+        if job.status is JobStatus.RUNNING:
+            continue
+        gpus = gpus_on(cluster, server, job.num_gpus)
+        if job.status is JobStatus.SUSPENDED:
+            yield A.Resume(job.id, gpus)
+        else:
+            yield A.Place(job.id, gpus)
+        book.last_start[job.id] = now
