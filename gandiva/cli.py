@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -24,7 +25,7 @@ PROGRESS_AFTER_S = 2.0  # show a progress bar only for runs that last longer tha
 
 
 def fail(message: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}")
+    err.print(f"[bold red]error:[/] {escape(message)}")
     return typer.Exit(2)
 
 
@@ -106,10 +107,14 @@ def simulate(
                             seed=seed)
     except TraceError as e:
         raise fail(str(e)) from None
-    except (ValueError, KeyError, FileNotFoundError) as e:
-        raise fail(str(e).strip("'\"")) from None
+    except (ValueError, FileNotFoundError) as e:
+        raise fail(str(e)) from None
     if not loaded.jobs:
-        raise fail(f"{trace}: no jobs left after --jobs/--window")
+        raise fail(f"{trace}: no jobs to simulate (check --jobs/--window)")
+    try:
+        check_models(loaded)
+    except ValueError as e:
+        raise fail(f"{trace}: {e}") from None
 
     results = {}
     summaries = {}
@@ -119,12 +124,13 @@ def simulate(
         try:
             res = run_sim(loaded, p, cluster=cluster, gpu_type=gpu_type, seed=seed,
                           on_progress=bar)
-        except (ValueError, KeyError) as e:
-            raise fail(f"{p}: {str(e).strip(chr(39))}") from None
+        except ValueError as e:
+            raise fail(f"{p}: {e}") from None
         finally:
             bar.close()
         results[p] = res
-        summaries[p] = summarize(res) | {"wall_s": time.perf_counter() - t0}
+        summaries[p] = summarize(res) | {"wall_s": time.perf_counter() - t0,
+                                         "left_out": len(loaded.jobs) - len(res.jobs)}
 
     table = Table(title=f"{loaded.name}: {len(loaded.jobs):,} jobs on {cluster}")
     table.add_column("metric")
@@ -147,8 +153,22 @@ def simulate(
             "cluster": cluster,
             "gpu_type": gpu_type,
             "seed": seed,
+            "trace_jobs": len(loaded.jobs),
+            "notes": sorted({n for r in results.values() for n in r.notes}),
         })
         console.print(f"json: {json_path}")
+
+
+def check_models(trace: Any) -> None:
+    """Every job's model must be one the performance model knows: fail before simulating."""
+    from gandiva.sim.perf import UnknownModelError, default_perf_model
+
+    perf = default_perf_model()
+    for spec in trace.jobs:
+        try:
+            perf.resolve(spec.model)
+        except UnknownModelError as e:
+            raise ValueError(f"job {spec.id!r}, field 'model': {e}") from None
 
 
 @app.command()

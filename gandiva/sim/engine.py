@@ -49,7 +49,9 @@ class JobRecord:
     rate: float = 0.0  # mini-batches per second now
     t_last: float = 0.0
     stall_until: float = 0.0
-    seg_start: float = 0.0
+    seg_start: float = 0.0  # when the current placement began (checkpoint clock)
+    tl_start: float = 0.0  # when the current timeline segment began
+    shared: bool = False  # whether the current timeline segment shares a GPU
     version: int = 0
     gpus: tuple[int, ...] = ()
     last_servers: frozenset[int] = frozenset()
@@ -258,6 +260,8 @@ class Simulator:
         """Re-rate jobs whose conditions changed and re-plan their completion and profiling."""
         for rec in recs:
             self._advance(rec)
+            if self.config.timeline:
+                self._mark_sharing(rec)
             rec.rate = self._true_rate(rec)
             rec.version += 1
             if rec.rate > 0.0:
@@ -281,14 +285,28 @@ class Simulator:
             mini_batches_done=int(rec.done),
         )
 
+    def _on(self, gpus: Iterable[int]) -> list[JobRecord]:
+        """Jobs on ``gpus`` in arrival order (never set order: results must not depend on
+        PYTHONHASHSEED)."""
+        jobs = self.cluster.jobs
+        return [self.records[j] for j in sorted(self.cluster.jobs_on(gpus),
+                                                key=lambda j: jobs[j].seq)]
+
     def _neighbours(self, gpus: Iterable[int], but: str) -> list[JobRecord]:
-        return [self.records[j] for j in self.cluster.jobs_on(gpus) if j != but]
+        return [r for r in self._on(gpus) if r.spec.id != but]
 
     def _stop_segment(self, rec: JobRecord) -> None:
-        if self.config.timeline and rec.gpus:
-            shared = any(len(self.cluster.gpus[g].jobs) > 1 for g in rec.gpus)
+        if self.config.timeline and rec.gpus and self.now > rec.tl_start:
             for g in rec.gpus:
-                self._timeline.append((g, rec.spec.id, rec.seg_start, self.now, shared))
+                self._timeline.append((g, rec.spec.id, rec.tl_start, self.now, rec.shared))
+        rec.tl_start = self.now
+
+    def _mark_sharing(self, rec: JobRecord) -> None:
+        """Split the timeline segment when the job starts or stops sharing a GPU."""
+        shared = any(len(self.cluster.gpus[g].jobs) > 1 for g in rec.gpus)
+        if shared != rec.shared:
+            self._stop_segment(rec)
+            rec.shared = shared
 
     def _move(self, rec: JobRecord, gpus: tuple[int, ...], stall: float) -> None:
         """Give ``rec`` new GPUs (maybe none) after a stall; re-rate it and its neighbours."""
@@ -301,9 +319,11 @@ class Simulator:
                 rec.start = self.now
         rec.gpus = gpus
         rec.seg_start = self.now
+        rec.shared = any(len(self.cluster.gpus[g].jobs) > 1 for g in gpus)
         rec.stall_until = self.now + stall
-        self._reflow([rec, *self._neighbours(old, rec.spec.id),
-                      *self._neighbours(gpus, rec.spec.id)])
+        touched = {r.spec.id: r for r in (*self._neighbours(old, rec.spec.id),
+                                          *self._neighbours(gpus, rec.spec.id))}
+        self._reflow([rec, *touched.values()])
 
     # ---- the backend interface: carry out an action (already applied to the state) ------
     def execute(self, action: A.Action, cluster: Cluster) -> None:
@@ -321,7 +341,9 @@ class Simulator:
         across = bool(rec.last_servers) and servers != rec.last_servers
         if isinstance(action, A.Place):
             self.counts["places"] += 1
-            self._move(rec, new, 0.0)
+            # a job that ran before restarts from its checkpoint (after a failure)
+            restore = self.perf.migration_time(ckpt, across) if rec.start is not None else 0.0
+            self._move(rec, new, restore)
         elif isinstance(action, A.Pack):
             self.counts["packs"] += 1
             resumed = rec.start is not None
@@ -364,12 +386,19 @@ class Simulator:
 
     def _fail(self, node: int) -> None:
         self.counts["failures"] += 1
-        hit = [self.records[j] for j in self.cluster.jobs_on(self.cluster.nodes[node].gpus)]
+        hit = self._on(self.cluster.nodes[node].gpus)
+        gone = {rec.spec.id for rec in hit}
+        survivors = {n.spec.id: n for rec in hit for n in self._neighbours(rec.gpus, rec.spec.id)
+                     if n.spec.id not in gone}
         for rec in hit:
             self._advance(rec)
             ran = self.now - max(rec.seg_start, rec.stall_until)
             if ran > 0 and rec.rate > 0:
                 lost = (ran % self.config.checkpoint_interval) * rec.rate
                 rec.done = max(0.0, rec.done - lost)
-            self._move(rec, (), 0.0)
+            self._stop_segment(rec)
+            rec.gpus = ()
+            rec.rate = 0.0
+            rec.version += 1
         self.scheduler.handle(E.Failure(self.now, node))
+        self._reflow(n for n in survivors.values() if n.gpus)
