@@ -22,16 +22,17 @@ from gandiva.state import Cluster
 
 FIRST_FEEDBACK_MINI_BATCHES = 100  # the paper's early-feedback metric: time to 100 mini-batches
 # event order at equal times: finished jobs free their GPUs before newcomers are placed
-_DONE, _FAIL, _ARRIVE, _PROFILE, _TICK = range(5)
+_DONE, _FAIL, _ARRIVE, _PRIORITY, _PROFILE, _TICK = range(6)
 
 
 @dataclass
 class SimConfig:
     seed: int = 0
-    profile_noise: float = 0.05  # relative std. dev. of profiled mini-batch time and memory
+    profile_noise: float = 0.05  # relative std. dev. of profiled mini-batch time, utilisation
     profile_after: int = 20  # mini-batches measured after a (re)start before a profile sample
     checkpoint_interval: float = 1800.0  # s; a failure loses the work since the last checkpoint
     failures: list[tuple[float, int]] = field(default_factory=list)  # (time, server)
+    priority_changes: list[tuple[float, str, int]] = field(default_factory=list)  # (t, job, p)
     timeline: bool = True  # record per-GPU segments (for the GPU timeline plot of small runs)
     series_points: int = 2000  # utilisation/queue samples kept for plots
     check_invariants: bool = False  # full state check after every event (tests, debugging)
@@ -104,6 +105,7 @@ class Simulator:
                                       "migrations", "grows", "shrinks", "kills", "failures")}
         self.notes: list[str] = []
         self._gpu_types = sorted({g.type for g in cluster.gpus})
+        self._biggest_server = max(n.size for n in cluster.nodes)
         self._socket_size = [
             max(sum(1 for g in n.gpus if cluster.gpus[g].socket == s) for s in (0, 1))
             for n in cluster.nodes
@@ -130,6 +132,8 @@ class Simulator:
             )
         for t, node in self.config.failures:
             self._push(t, _FAIL, node)
+        for t, jid, priority in self.config.priority_changes:
+            self._push(t, _PRIORITY, (jid, priority))
 
     def _record(self, spec: JobSpec, reference_gpu: str) -> JobRecord:
         model = self.perf.resolve(spec.model)
@@ -180,6 +184,10 @@ class Simulator:
             elif kind == _TICK:
                 self._wakes.discard(t)
                 self.scheduler.handle(E.Tick(t))
+            elif kind == _PRIORITY:
+                jid, priority = payload  # type: ignore[misc]
+                if jid in cluster.jobs and self.records[jid].finish is None:
+                    self.scheduler.handle(E.PriorityChange(t, jid, priority))
             elif kind == _FAIL:
                 self._fail(int(payload))  # type: ignore[call-overload]
             self._sample_series(cluster)
@@ -245,7 +253,11 @@ class Simulator:
         cross_socket = (len(servers) == 1 and len({g.socket for g in gpus}) > 1
                         and len(gpus) <= self._socket_size[gpus[0].node])
         rate = len(gpus) / rec.spec.num_gpus / step
-        rate *= self.perf.locality(rec.model, len(servers), cross_socket)
+        # a trace's duration was measured on the fewest servers that hold the job; only a
+        # wider spread than that costs extra
+        fewest = -(-len(gpus) // self._biggest_server)
+        rate *= (self.perf.locality(rec.model, len(servers), cross_socket)
+                 / self.perf.locality(rec.model, fewest, False))
         slowest = 1.0
         for g in gpus:
             if len(g.jobs) > 1:
@@ -280,7 +292,7 @@ class Simulator:
             time=self.now,
             job_id=rec.spec.id,
             mini_batch_time=jitter / rec.rate,
-            memory_gb=prof.memory_gb * (max(0.5, self.rng.gauss(1.0, noise)) if noise else 1.0),
+            memory_gb=prof.memory_gb,  # the allocator's peak is exact; timings are noisy
             utilization=min(1.0, prof.utilization * jitter),
             mini_batches_done=int(rec.done),
         )

@@ -75,6 +75,8 @@ class Gandiva:
         self.bad_pairs: set[frozenset[str]] = set()
         self.pack_gains: list[float] = []
         self.spread: dict[str, None] = {}
+        self.elastic_jobs: dict[str, None] = {}
+        self._placed_on: set[int] = set()
         self.idle_since: dict[int, float] = {}
         self.defrags = 0
 
@@ -100,6 +102,8 @@ class Gandiva:
         if isinstance(event, E.Arrival):
             job = cluster.jobs[event.job.id]
             self.unassigned.add((-job.priority, job.seq, job.id))
+            if job.spec.elastic:
+                self.elastic_jobs[job.id] = None
         elif isinstance(event, E.Departure):
             job = cluster.jobs[event.job_id]
             touched.update(self.book.home.get(job.id, ()))
@@ -125,7 +129,8 @@ class Gandiva:
                 touched.add(server)
         for server in sorted(touched):
             yield from self._refill(cluster, server)
-        yield from self._place_waiting(cluster)
+        if not isinstance(event, E.Tick):  # time slices move no job between servers
+            yield from self._place_waiting(cluster)
         if isinstance(event, E.Departure):
             yield from self._lower_height(cluster)
             if self.migrate:
@@ -136,8 +141,9 @@ class Gandiva:
             elif kind == "defrag" and self.defrag:
                 yield from migration.defragment(self, cluster)
                 yield from self._place_waiting(cluster)
-        if self.elastic:
-            elastic.note_idle(self, cluster, touched)
+        if self.elastic and self.elastic_jobs:
+            elastic.note_idle(self, cluster, touched | self._placed_on)
+        self._placed_on.clear()
         if (self.defrag and self.unassigned and ("defrag", -1) not in self._armed
                 and migration.fragmented_job(self, cluster)):
             self.timer(cluster.now + self.defrag_interval, "defrag")
@@ -148,7 +154,7 @@ class Gandiva:
     # ---- steps --------------------------------------------------------------------------
     def _forget(self, job: Job) -> None:
         self.book.release(job)
-        for d in (self.solo_mbt, self.packed_mbt, self.trials, self.spread):
+        for d in (self.solo_mbt, self.packed_mbt, self.trials, self.spread, self.elastic_jobs):
             d.pop(job.id, None)
         self.book.last_start.pop(job.id, None)
 
@@ -168,19 +174,17 @@ class Gandiva:
         while i < min(self.scan_depth, len(self.unassigned)):
             job = cluster.jobs[self.unassigned[i][2]]
             placed = yield from self._place(cluster, job)
-            if not placed and self.elastic:
-                shrunk = list(elastic.shrink_for(self, cluster, job))
-                yield from shrunk
-                if shrunk:
-                    placed = yield from self._place(cluster, job)
             if placed:
                 self.unassigned.remove((-job.priority, job.seq, job.id))
             else:
                 i += 1
 
+    def _grown(self, cluster: Cluster) -> bool:
+        """Does any elastic job run wider than it asked (so that it could shrink)?"""
+        return any(len(cluster.jobs[j].gpus) > cluster.jobs[j].num_gpus for j in self.elastic_jobs)
+
     def _place(self, cluster: Cluster, job: Job):  # -> Generator[A.Action, None, bool]
-        biggest = max(n.size for n in cluster.nodes)
-        if job.num_gpus > biggest:
+        if job.num_gpus > cluster.max_free_bucket:
             gpus = gang_gpus(job, cluster)
             if gpus is None:
                 return False
@@ -190,10 +194,18 @@ class Gandiva:
                 self.spread[job.id] = None
             return True
         choice = choose_server(job, cluster, self.book, self.max_height, self.oversubscribe)
+        if (choice is None or not choice[1]) and self.elastic and self._grown(cluster):
+            # shrink at once when new work needs the GPUs, before time-slicing anyone
+            shrunk = list(elastic.shrink_for(self, cluster, job))
+            yield from shrunk
+            if shrunk:
+                choice = choose_server(job, cluster, self.book, self.max_height,
+                                       self.oversubscribe)
         if choice is None:
             return False
         server, starts = choice
         self.book.assign(job, (server,))
+        self._placed_on.add(server)
         if starts:
             yield self._start(job, gpus_on(cluster, server, job.num_gpus), cluster.now)
             if migration.is_spread(cluster, job.num_gpus, job.gpus):

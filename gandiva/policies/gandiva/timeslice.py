@@ -29,6 +29,14 @@ def order_key(p: Gandiva, job: Job, now: float) -> tuple[float, float, int]:
     return (-job.priority, turn, job.seq)
 
 
+def _free_elsewhere(p: Gandiva, cluster: Cluster, server: int, count: int) -> int | None:
+    for node in cluster.nodes:
+        if (node.up and node.id != server and len(cluster.free_gpus(node.id)) >= count
+                and not p.book.waiting(node.id, cluster)):
+            return node.id
+    return None
+
+
 def rotate(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
     """One round on ``server``: decide who runs for the next quantum and switch."""
     book, now = p.book, cluster.now
@@ -45,7 +53,13 @@ def rotate(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
     keep = {j.id for j in chosen}
     for job in jobs:
         if job.status is JobStatus.RUNNING and job.id not in pinned and job.id not in keep:
-            yield A.Suspend(job.id)
+            elsewhere = _free_elsewhere(p, cluster, server, job.num_gpus)
+            if elsewhere is not None and any(j.priority > job.priority for j in chosen):
+                # a lower-priority job moves away rather than stop, where GPUs are free
+                yield A.Migrate(job.id, gpus_on(cluster, elsewhere, job.num_gpus))
+                book.assign(job, (elsewhere,))
+            else:
+                yield A.Suspend(job.id)
     for job in sorted(chosen, key=lambda j: -j.num_gpus):
         if job.status is JobStatus.RUNNING:
             continue

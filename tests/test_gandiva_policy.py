@@ -1,0 +1,240 @@
+"""The Gandiva policy's mechanisms, each decided on a small hand-built cluster."""
+
+import pytest
+from conftest import job
+
+from gandiva import actions as A
+from gandiva import events as E
+from gandiva.metrics import summarize
+from gandiva.policies import make_policy
+from gandiva.policies.gandiva.book import Book
+from gandiva.policies.gandiva.placement import choose_server
+from gandiva.policies.gandiva.timeslice import rotate
+from gandiva.sim.engine import SimConfig, Simulator
+from gandiva.sim.perf import default_perf_model
+from gandiva.spec import JobSpec
+from gandiva.state import Cluster
+
+PERF = default_perf_model()
+
+
+def run(cluster: str, policy: str, *jobs: JobSpec, **config):
+    sim = Simulator(Cluster.build(cluster), make_policy(policy), jobs, reference_gpu="V100",
+                    config=SimConfig(check_invariants=True, **config))
+    return sim.run(), sim
+
+
+def acts(result, kind, job_id=None):
+    return [(t, a) for t, a in result.actions
+            if isinstance(a, kind) and (job_id is None or a.job_id == job_id)]
+
+
+def servers(cluster: Cluster, action) -> set[int]:
+    return cluster.servers_of(action.gpus)
+
+
+def jcts(result):
+    return {r.spec.id: r.finish - r.spec.submit_time for r in result.jobs}
+
+
+# ---- Algorithm 1: affinity placement -------------------------------------------------------
+
+def hand_state(spec: str, placed: dict[str, tuple[int, tuple[int, ...]]]):
+    """A cluster and book with jobs placed by hand: {job: (gpus requested, gpus)}."""
+    c = Cluster.build(spec)
+    book = Book.of(c)
+    for i, (jid, (n, gpus)) in enumerate(placed.items()):
+        c.observe(E.Arrival(i, JobSpec(jid, i, n, "resnet50", duration=1e6)))
+        if gpus:
+            c.apply(A.Place(jid, gpus))
+            book.assign(c.jobs[jid], tuple(sorted(c.servers_of(gpus))))
+    return c, book
+
+
+def newcomer(c: Cluster, n: int) -> object:
+    jid = f"new{len(c.jobs)}"
+    c.observe(E.Arrival(99, JobSpec(jid, 99, n, "resnet50", duration=1)))
+    return c.jobs[jid]
+
+
+def test_affinity_first_least_loaded_then_empty_then_any_then_oversubscribe():
+    # s0: two 1-GPU jobs, s1: one 1-GPU job, s2: one 2-GPU job, s3: empty
+    c, book = hand_state("4x4", {"a": (1, (0,)), "b": (1, (1,)), "c": (1, (4,)),
+                                 "d": (2, (8, 9))})
+    assert choose_server(newcomer(c, 1), c, book, 3.0, True) == (1, True)  # same affinity, lower
+    assert choose_server(newcomer(c, 2), c, book, 3.0, True) == (2, True)  # same affinity
+    assert choose_server(newcomer(c, 4), c, book, 3.0, True) == (3, True)  # empty server
+    # no empty server left and no same-affinity room: any server with free GPUs
+    c, book = hand_state("2x4", {"a": (2, (0, 1)), "b": (2, (2, 3)), "c": (1, (4,))})
+    assert choose_server(newcomer(c, 2), c, book, 3.0, True) == (1, True)
+    # full cluster: over-subscribe the same-affinity server with the lowest height
+    c, book = hand_state("2x2", {"a": (1, (0,)), "b": (1, (1,)), "c": (2, (2, 3))})
+    assert choose_server(newcomer(c, 1), c, book, 3.0, True) == (0, False)
+    assert choose_server(newcomer(c, 1), c, book, 3.0, False) is None  # -oversubscribe: queue
+    assert choose_server(newcomer(c, 1), c, book, 1.0, True) is None  # height cap reached
+
+
+def test_multi_server_job_gets_whole_servers_of_one_rack():
+    result, sim = run("3x4", "gandiva", job("small", 0, 1, 5000), job("big", 1, 8, 1000))
+    (_, place), = acts(result, A.Place, "big")
+    assert servers(sim.cluster, place) == {1, 2}
+    assert jcts(result)["big"] == pytest.approx(1000)
+
+
+# ---- time-slicing --------------------------------------------------------------------------
+
+def test_oversubscribed_server_time_slices_with_the_quantum():
+    result, _ = run("1x1", "gandiva:-pack", job("a", 0, 1, 600), job("b", 10, 1, 600))
+    # b waits for the next quantum boundary (10 + 60), then a and b alternate every 60 s
+    (t_b, _), = acts(result, A.Place, "b")
+    assert t_b == pytest.approx(70)
+    suspends = [t for t, _ in acts(result, A.Suspend)]
+    assert suspends[:3] == pytest.approx([70, 130, 190])
+    r = {x.spec.id: x for x in result.jobs}
+    assert r["b"].first_feedback - 10 < 60 + 100 * PERF.step_time("resnet50", "V100") + 1
+    # both finish, sharing the GPU: each takes about twice its solo time
+    assert 1100 < jcts(result)["a"] < 1300 and 1100 < jcts(result)["b"] < 1300
+
+
+def test_gang_is_suspended_and_resumed_whole():
+    result, _ = run("1x2", "gandiva:-pack", job("g", 0, 2, 300), job("h", 5, 2, 300))
+    for _, a in acts(result, A.Resume, "g"):
+        assert len(a.gpus) == 2
+    assert acts(result, A.Suspend, "g") and acts(result, A.Suspend, "h")
+    for t in {t for _, _, t, _, _ in result.timeline}:  # every slice holds a whole gang
+        assert sum(1 for seg in result.timeline if seg[2] == t) == 2
+
+
+def test_priority_is_never_inverted():
+    high = job("high", 0, 1, 600, priority=5)
+    result, _ = run("1x1", "gandiva", high, job("low", 10, 1, 300))
+    assert acts(result, A.Suspend, "high") == []
+    assert jcts(result)["high"] == pytest.approx(600)
+    # a higher-priority newcomer takes the GPU at the next quantum
+    result, _ = run("1x1", "gandiva:-pack", job("low", 0, 1, 600),
+                    job("high", 10, 1, 300, priority=5))
+    (t, _), = acts(result, A.Suspend, "low")
+    assert t == pytest.approx(70) and acts(result, A.Suspend, "high") == []
+
+
+def test_priority_change_while_running_takes_effect_at_once():
+    result, _ = run("1x1", "gandiva:-pack:quantum=1000", job("a", 0, 1, 600, priority=1),
+                    job("b", 10, 1, 600), priority_changes=[(100.0, "b", 9)])
+    (t, _), = acts(result, A.Suspend, "a")
+    assert t == pytest.approx(100)
+    assert acts(result, A.Suspend, "b") == []
+
+
+def test_lower_priority_job_migrates_away_instead_of_stopping():
+    c, book = hand_state("2x1", {"low": (1, (0,)), "high": (1, ())})
+    p = make_policy("gandiva")
+    p.book = book
+    c.jobs["high"].priority = 5
+    book.assign(c.jobs["high"], (0,))
+    decided = []
+    for action in rotate(p, c, 0):
+        c.apply(action)
+        decided.append(action)
+    assert decided == [A.Migrate("low", (1,)), A.Place("high", (0,))]
+
+
+# ---- introspection: packing ----------------------------------------------------------------
+
+def test_packing_kept_when_it_beats_time_slicing():
+    result, _ = run("1x1:P40", "gandiva", job("a", 0, 1, 900, model="vae"),
+                    job("b", 10, 1, 900, model="vae"))
+    assert acts(result, A.Pack, "b")
+    assert acts(result, A.Unpack) == []
+    # packed, both finish far sooner than the ~1,800 s time-slicing would take
+    assert max(jcts(result).values()) < 1300
+
+
+def test_packing_undone_when_it_does_not_pay():
+    result, sim = run("1x1:P40", "gandiva", job("a", 0, 1, 900, model="lstm"),
+                      job("b", 10, 1, 900, model="lstm"))
+    (t_pack, _), = acts(result, A.Pack, "b")
+    (t_unpack, _), = acts(result, A.Unpack, "b")
+    assert t_unpack > t_pack
+    assert frozenset({"a", "b"}) in sim.policy.bad_pairs
+    assert sim.policy.pack_gains[0] < 1.0
+
+
+def test_no_packing_when_memory_does_not_fit():
+    result, _ = run("1x1:K80", "gandiva", job("a", 0, 1, 600, model="vgg16"),
+                    job("b", 10, 1, 600, model="vgg16"))  # 9 GB each on a 12 GB GPU
+    assert acts(result, A.Pack) == []
+
+
+# ---- introspection: migration and defragmentation ------------------------------------------
+
+def test_locality_migration_when_a_job_leaves():
+    # s0 runs f (4 GPUs, until 500); s1 gets a, b, c, d; b and c leave at 100, so the 2-GPU
+    # job e (150) lands across s1's two sockets; when f leaves, e moves onto one socket of s0
+    trace = (job("f", 0, 4, 500), job("a", 1, 1, 5000), job("b", 2, 1, 98),
+             job("c", 3, 1, 97), job("d", 4, 1, 5000), job("e", 150, 2, 3000, model="vgg16"))
+    result, sim = run("2x4", "gandiva", *trace)
+    (t, move), = acts(result, A.Migrate, "e")
+    assert t == pytest.approx(500)
+    sockets = {sim.cluster.gpus[g].socket for g in move.gpus}
+    assert servers(sim.cluster, move) == {0} and len(sockets) == 1
+
+
+def test_defragmentation_empties_a_server_for_a_waiting_gang():
+    small = [job(n, i, 1, 5000 if n in "abef" else 100, model="vae")
+             for i, n in enumerate("abcdefgh")]
+    result, sim = run("2x4", "gandiva", *small, job("big", 200, 4, 1000))
+    moves = acts(result, A.Migrate)
+    assert {a.job_id for _, a in moves} == {"a", "b"}  # s0's survivors move to s1
+    (t, place), = acts(result, A.Place, "big")
+    assert t == pytest.approx(200 + 300)  # at the first defragmentation round
+    assert servers(sim.cluster, place) == {0}
+    # without defragmentation the gang waits for the long jobs
+    result, _ = run("2x4", "gandiva:-defrag", *small, job("big", 200, 4, 1000))
+    (t, _), = acts(result, A.Place, "big")
+    assert t > 4000
+
+
+# ---- introspection: grow and shrink --------------------------------------------------------
+
+def test_grow_after_idle_timeout_then_shrink_at_once_for_new_work():
+    elastic = job("e", 0, 1, 4000, min_gpus=1, max_gpus=4)
+    result, sim = run("1x4", "gandiva", elastic, job("n", 1000, 2, 100))
+    (t_grow, grow), *_ = acts(result, A.Grow, "e")
+    assert t_grow == pytest.approx(300) and len(grow.gpus) == 4
+    (t_shrink, shrink), *_ = acts(result, A.Shrink, "e")
+    assert t_shrink == pytest.approx(1000) and len(shrink.gpus) == 1
+    (t_n, _), = acts(result, A.Place, "n")
+    assert t_n == pytest.approx(1000)
+    assert jcts(result)["n"] == pytest.approx(100)
+    # growing made the elastic job finish sooner than its 4,000 s alone on one GPU
+    assert jcts(result)["e"] < 4000
+
+
+def test_steps_switch_off_one_at_a_time():
+    p = make_policy("gandiva:-pack:-migrate:quantum=30:slice_order=las")
+    assert (p.pack, p.migrate, p.defrag, p.quantum, p.slice_order) == (
+        False, False, True, 30.0, "las")
+    with pytest.raises(ValueError, match="slice_order"):
+        make_policy("gandiva:slice_order=random")
+
+
+# ---- failures ------------------------------------------------------------------------------
+
+def test_job_on_a_failed_server_restarts_elsewhere_from_its_checkpoint():
+    result, sim = run("2x1", "gandiva", job("a", 0, 1, 1000), failures=[(700.0, 0)],
+                      checkpoint_interval=300.0)
+    places = acts(result, A.Place, "a")
+    assert [servers(sim.cluster, a) for _, a in places] == [{0}, {1}]
+    restore = PERF.migration_time(PERF.profile("resnet50").checkpoint_mb, True)
+    assert jcts(result)["a"] == pytest.approx(1000 + 100 + restore)
+
+
+def test_every_bundled_mechanism_keeps_the_invariants_on_a_busy_cluster():
+    trace = [job(f"j{i}", 7 * i, [1, 1, 1, 2, 4][i % 5], 300 + 37 * (i % 11),
+                 model=["vae", "lstm", "resnet50", "superresolution", "rhn"][i % 5],
+                 **({"min_gpus": 1, "max_gpus": 4} if i % 13 == 0 else {}))
+             for i in range(120)]
+    result, _ = run("3x4", "gandiva", *trace)  # check_invariants after every event
+    s = summarize(result)
+    assert s["finished"] == 120
+    assert s["suspends"] > 0
