@@ -16,7 +16,7 @@ from gandiva.sim.engine import SimResult
 
 SUMMARY_KEYS = (
     "mean_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "makespan_s", "utilization",
-    "useful_utilization", "mean_queue_s", "mean_first_feedback_s", "suspends", "migrations",
+    "useful_utilization", "sm_utilization", "mean_queue_s", "mean_first_feedback_s", "suspends", "migrations",
     "packs", "max_ftf_rho", "mean_ftf_rho", "jobs", "finished",
 )
 
@@ -59,6 +59,8 @@ def summarize(result: SimResult) -> dict[str, Any]:
     makespan = max(end - start, 0.0)
     capacity = result.cluster_gpus * makespan
     useful = sum(r.solo_time * r.spec.num_gpus for r in done)
+    # what nvidia-smi would average: the useful GPU time weighted by each model's utilisation
+    busy = sum(r.solo_time * r.spec.num_gpus * r.utilization for r in done)
     queue = [r.start - r.spec.submit_time for r in result.jobs if r.start is not None]
     feedback = [r.first_feedback - r.spec.submit_time for r in done
                 if r.first_feedback is not None]
@@ -71,6 +73,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "makespan_s": makespan,
         "utilization": result.allocated_gpu_seconds / capacity if capacity else 0.0,
         "useful_utilization": useful / capacity if capacity else 0.0,
+        "sm_utilization": busy / capacity if capacity else 0.0,
         "mean_queue_s": _mean(queue),
         "mean_first_feedback_s": _mean(feedback),
         "suspends": result.counts["suspends"] + result.counts["unpacks"],

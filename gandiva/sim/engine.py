@@ -36,6 +36,12 @@ class SimConfig:
     timeline: bool = True  # record per-GPU segments (for the GPU timeline plot of small runs)
     series_points: int = 2000  # utilisation/queue samples kept for plots
     check_invariants: bool = False  # full state check after every event (tests, debugging)
+    # progress reports: besides the sample after each (re)start, one every this many
+    # mini-batches (the job library reports continuously; the simulator only when asked)
+    report_every: int | None = None
+    # a control-plane client watching progress reports (e.g. a hyper-parameter search) that
+    # answers with priority changes: (job id, new priority) pairs
+    controller: Callable[[E.ProfileSample, Cluster], Iterable[tuple[str, int]]] | None = None
 
 
 @dataclass(slots=True)
@@ -45,6 +51,7 @@ class JobRecord:
     spec: JobSpec
     model: str
     work: float  # mini-batches at the requested width
+    utilization: float  # the model's GPU utilisation alone (the truth, for metrics only)
     solo_time: float  # seconds alone on its requested GPUs, consolidated, fastest GPU type
     done: float = 0.0
     rate: float = 0.0  # mini-batches per second now
@@ -144,7 +151,7 @@ class Simulator:
         else:
             raise ValueError(f"job {spec.id!r}: give duration or mini_batches")
         solo = work * min(self.perf.step_time(model, t) for t in self._gpu_types)
-        return JobRecord(spec, model, work, solo)
+        return JobRecord(spec, model, work, self.perf.profile(model).utilization, solo)
 
     # ---- the event loop -----------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: object) -> None:
@@ -180,7 +187,7 @@ class Simulator:
                 jid, version = payload  # type: ignore[misc]
                 rec = self.records[jid]
                 if version == rec.version and rec.rate > 0:
-                    self.scheduler.handle(self._sample(rec))
+                    self._report(rec)
             elif kind == _TICK:
                 self._wakes.discard(t)
                 self.scheduler.handle(E.Tick(t))
@@ -282,6 +289,16 @@ class Simulator:
                                                                                 rec.version))
                 warmup = min(self.config.profile_after / rec.rate, 60.0)
                 self._push(begin + warmup, _PROFILE, (rec.spec.id, rec.version))
+
+    def _report(self, rec: JobRecord) -> None:
+        sample = self._sample(rec)
+        self.scheduler.handle(sample)
+        every = self.config.report_every
+        if every and rec.rate > 0 and rec.finish is None:
+            self._push(self.now + every / rec.rate, _PROFILE, (rec.spec.id, rec.version))
+        if self.config.controller is not None:
+            for jid, priority in self.config.controller(sample, self.cluster):
+                self.scheduler.handle(E.PriorityChange(self.now, jid, priority))
 
     def _sample(self, rec: JobRecord) -> E.ProfileSample:
         self._advance(rec)

@@ -1,0 +1,54 @@
+"""Shared by the paper experiments: run policies, print paper vs ours, flag big differences."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from gandiva.metrics import summarize
+from gandiva.sim.engine import SimConfig
+from gandiva.sim.run import simulate
+from gandiva.spec import Trace
+
+DIFF_FLAG = 0.20  # differences from the paper beyond this are flagged and explained
+
+console = Console(width=160)  # wide tables: notes explain differences in full
+
+
+def run_policies(trace: Trace, policies: dict[str, str], cluster: str,
+                 config: SimConfig | None = None) -> dict[str, dict[str, Any]]:
+    out = {}
+    for label, spec in policies.items():
+        t0 = time.perf_counter()
+        result = simulate(trace, spec, cluster=cluster, config=config)
+        out[label] = summarize(result) | {"wall_s": round(time.perf_counter() - t0, 1),
+                                          "counts": result.counts}
+    return out
+
+
+def compare(title: str, rows: list[tuple[str, float | None, float, str]],
+            why: dict[str, str]) -> list[dict[str, Any]]:
+    """Print (metric, paper, ours, unit) rows; a row off by more than DIFF_FLAG gets its why."""
+    table = Table(title=title)
+    for col in ("metric", "paper", "ours", "ours/paper", "note"):
+        table.add_column(col, justify="right" if col in ("paper", "ours", "ours/paper") else "left")
+    record = []
+    for metric, paper, ours, unit in rows:
+        ratio = ours / paper if paper else None
+        off = ratio is not None and abs(ratio - 1) > DIFF_FLAG
+        note = why.get(metric, "differs by more than 20%: unexplained") if off else ""
+        table.add_row(metric, "-" if paper is None else f"{paper:,.1f} {unit}",
+                      f"{ours:,.1f} {unit}", "-" if ratio is None else f"{ratio:.2f}",
+                      note)
+        record.append({"metric": metric, "paper": paper, "ours": round(ours, 2), "unit": unit,
+                       "flagged": off})
+    console.print(table)
+    return record
+
+
+def emit(name: str, data: dict[str, Any]) -> None:
+    print(json.dumps({"benchmark": name, **data}, default=str))
