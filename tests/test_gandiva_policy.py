@@ -238,3 +238,36 @@ def test_every_bundled_mechanism_keeps_the_invariants_on_a_busy_cluster():
     s = summarize(result)
     assert s["finished"] == 120
     assert s["suspends"] > 0
+
+
+# ---- beyond the paper: least-attained-service admission ------------------------------------
+
+def test_full_cluster_admits_a_newcomer_in_place_of_the_most_served_job():
+    trace = (job("old", 0, 1, 10_000), job("new", 5000, 1, 600))
+    result, _ = run("1x1", "gandiva:max_height=1", *trace)
+    (t, _), = acts(result, A.Suspend, "old")
+    (t_new, _), = acts(result, A.Place, "new")
+    assert t == t_new == pytest.approx(5000)
+    assert jcts(result)["new"] == pytest.approx(600)
+    # the paper's behaviour: the newcomer queues until the long job is done
+    result, _ = run("1x1", "gandiva:max_height=1:-las_admission", *trace)
+    assert acts(result, A.Suspend) == []
+    assert jcts(result)["new"] == pytest.approx(5000 + 600)
+
+
+def test_no_displacement_between_jobs_of_similar_age_or_of_higher_priority():
+    young = (job("a", 0, 1, 10_000), job("b", 1000, 1, 600))  # a has only 1,000 GPU-s more
+    result, _ = run("1x1", "gandiva:max_height=1", *young)
+    assert acts(result, A.Suspend) == []
+    vip = (job("a", 0, 1, 10_000, priority=3), job("b", 5000, 1, 600))
+    result, _ = run("1x1", "gandiva:max_height=1", *vip)
+    assert acts(result, A.Suspend) == []
+
+
+def test_a_big_gang_clears_servers_of_long_served_jobs():
+    small = [job(f"s{i}", 0, 1, 20_000) for i in range(8)]
+    result, sim = run("2x4", "gandiva:max_height=1", *small, job("gang", 5000, 8, 1000))
+    (t, place), = acts(result, A.Place, "gang")
+    assert t == pytest.approx(5000) and len(place.gpus) == 8
+    assert len(acts(result, A.Suspend)) == 8
+    assert jcts(result)["gang"] == pytest.approx(1000)  # two whole servers: no extra spread

@@ -16,12 +16,10 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from sortedcontainers import SortedList
-
 from gandiva import actions as A
 from gandiva import events as E
-from gandiva.policies.gandiva import elastic, migration, packing, timeslice
-from gandiva.policies.gandiva.book import Book
+from gandiva.policies.gandiva import admission, elastic, migration, packing, timeslice
+from gandiva.policies.gandiva.book import Book, Waiting
 from gandiva.policies.gandiva.placement import choose_server, gang_gpus, gpus_on
 from gandiva.state import Cluster, Job, JobStatus
 
@@ -38,6 +36,12 @@ class Gandiva:
     quantum: float = 60.0
     # "roundrobin" (the paper) or "las": order time slices by attained service (least first)
     slice_order: str = "roundrobin"
+    # beyond the paper: when every server is at max_height, a newcomer takes the place of the
+    # job with the most attained service (Tiresias' idea, cluster-wide); see admission.py
+    las_admission: bool = True
+    # ...but only from a job that has had this many GPU-seconds more than the newcomer, so
+    # that jobs of similar age do not evict each other back and forth
+    displace_margin: float = 3600.0
     # at most this many jobs' demand per GPU on an over-subscribed server: each job still
     # gets a 60 s slice every 8 minutes (early feedback), and the suspended jobs' state, kept
     # in host memory, stays well inside a server's RAM. At 3 the paper's 180-GPU experiment
@@ -67,7 +71,7 @@ class Gandiva:
         if self.quantum <= 0:
             raise ValueError("quantum must be positive (seconds)")
         self.book: Book | None = None  # type: ignore[assignment]
-        self.unassigned: SortedList = SortedList()  # (-priority, seq, job id)
+        self.unassigned = Waiting()
         self.timers: list[tuple[float, str, int]] = []
         self._armed: set[tuple[str, int]] = set()
         self._wake = -1.0
@@ -103,7 +107,7 @@ class Gandiva:
         touched: set[int] = set()
         if isinstance(event, E.Arrival):
             job = cluster.jobs[event.job.id]
-            self.unassigned.add((-job.priority, job.seq, job.id))
+            self.unassigned.add(job)
             if job.spec.elastic:
                 self.elastic_jobs[job.id] = None
         elif isinstance(event, E.Departure):
@@ -114,10 +118,8 @@ class Gandiva:
             self._recover(cluster, event.node)
         elif isinstance(event, E.PriorityChange):
             job = cluster.jobs[event.job_id]
-            key = next((k for k in self.unassigned if k[2] == job.id), None)
-            if key is not None:
-                self.unassigned.remove(key)
-                self.unassigned.add((-job.priority, job.seq, job.id))
+            if job.id in self.unassigned:
+                self.unassigned.add(job, self._rank(job, cluster))
             touched.update(self.book.home.get(job.id, ()))
         elif isinstance(event, E.ProfileSample):
             packing.observe(self, cluster, event)
@@ -174,10 +176,10 @@ class Gandiva:
         """Algorithm 1 for the jobs not yet on a server, highest priority then oldest first."""
         i = 0
         while i < min(self.scan_depth, len(self.unassigned)):
-            job = cluster.jobs[self.unassigned[i][2]]
-            placed = yield from self._place(cluster, job)
+            job = cluster.jobs[self.unassigned[i]]
+            placed = yield from self._place(cluster, job, first=i == 0)
             if placed:
-                self.unassigned.remove((-job.priority, job.seq, job.id))
+                self.unassigned.discard(job.id)
             else:
                 i += 1
 
@@ -185,9 +187,15 @@ class Gandiva:
         """Does any elastic job run wider than it asked (so that it could shrink)?"""
         return any(len(cluster.jobs[j].gpus) > cluster.jobs[j].num_gpus for j in self.elastic_jobs)
 
-    def _place(self, cluster: Cluster, job: Job):  # -> Generator[A.Action, None, bool]
+    def _rank(self, job: Job, cluster: Cluster) -> float:
+        return job.attained_at(cluster.now) if self.las_admission else 0.0
+
+    def _place(self, cluster: Cluster, job: Job, first: bool = False):  # -> Generator[..., bool]
         if job.num_gpus > cluster.max_free_bucket:
             gpus = gang_gpus(job, cluster)
+            if gpus is None and self.las_admission and first:
+                yield from admission.clear_servers(self, cluster, job)
+                gpus = gang_gpus(job, cluster)
             if gpus is None:
                 return False
             self.book.assign(job, tuple(sorted(cluster.servers_of(gpus))))
@@ -201,6 +209,10 @@ class Gandiva:
             shrunk = list(elastic.shrink_for(self, cluster, job))
             yield from shrunk
             if shrunk:
+                choice = choose_server(job, cluster, self.book, self.max_height,
+                                       self.oversubscribe)
+        if choice is None and self.las_admission:
+            if (yield from admission.displace(self, cluster, job)):
                 choice = choose_server(job, cluster, self.book, self.max_height,
                                        self.oversubscribe)
         if choice is None:
@@ -242,7 +254,7 @@ class Gandiva:
             job = cluster.jobs[jid]
             self.book.release(job)
             self.spread.pop(jid, None)
-            self.unassigned.add((-job.priority, job.seq, job.id))
+            self.unassigned.add(job, self._rank(job, cluster))
 
 
 POLICY = Gandiva

@@ -7,9 +7,45 @@ where they *belong*, and from it the server's affinity and height.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from sortedcontainers import SortedList
+
 from gandiva.state import Cluster, Job, JobStatus
+
+
+class Waiting:
+    """Jobs on no server yet, in order: higher priority, then less attained service (with
+    ``las_admission``; newcomers have none), then arrival."""
+
+    def __init__(self) -> None:
+        self._order: SortedList = SortedList()
+        self._key: dict[str, tuple[int, float, int, str]] = {}
+
+    def add(self, job: Job, attained: float = 0.0) -> None:
+        self.discard(job.id)
+        key = (-job.priority, attained, job.seq, job.id)
+        self._key[job.id] = key
+        self._order.add(key)
+
+    def discard(self, job_id: str) -> None:
+        key = self._key.pop(job_id, None)
+        if key is not None:
+            self._order.remove(key)
+
+    def __contains__(self, job_id: str) -> bool:
+        return job_id in self._key
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __getitem__(self, i: int) -> str:
+        return self._order[i][3]
+
+    def first(self, n: int) -> Iterator[str]:
+        for key in self._order.islice(0, n):
+            yield key[3]
 
 
 @dataclass

@@ -80,8 +80,8 @@ def _consolidated(cluster: Cluster, job: Job) -> tuple[int, ...] | None:
 def fragmented_job(p: Gandiva, cluster: Cluster) -> Job | None:
     """The first waiting job that the free GPUs could hold if they were on one server."""
     free = cluster.free_count()
-    for key in p.unassigned.islice(0, p.scan_depth):
-        job = cluster.jobs[key[2]]
+    for jid in p.unassigned.first(p.scan_depth):
+        job = cluster.jobs[jid]
         if job.num_gpus <= free and job.num_gpus <= cluster.max_free_bucket and not any(
                 True for have in range(job.num_gpus, cluster.max_free_bucket + 1)
                 for _ in cluster.nodes_with_free(have)):

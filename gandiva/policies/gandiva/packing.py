@@ -82,12 +82,19 @@ def judge(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
 
 
 def spread_out(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
-    """When the server has a free GPU again, a packed job moves onto it (no overload left)."""
+    """When the server has a free GPU again and nothing waits, a packed job takes it.
+
+    The move stays on the server, so it is the fast path: suspend to host memory, resume on
+    the free GPU (no checkpoint), as when time-slicing.
+    """
     for gpu in cluster.nodes[server].gpus:
         jobs = cluster.gpus[gpu].jobs
         free = cluster.free_gpus(server)
         if len(jobs) > 1 and free and not p.book.waiting(server, cluster):
             mover = cluster.jobs[jobs[-1]]
             if mover.num_gpus == 1:
-                yield A.Migrate(mover.id, (free[0],))
+                target = (free[0],)
+                yield A.Unpack(mover.id)
+                yield A.Resume(mover.id, target)
+                p.book.last_start[mover.id] = cluster.now
                 p.trials.pop(mover.id, None)

@@ -1,0 +1,57 @@
+"""Beyond the paper: gandiva against Tiresias-style LAS on the same workloads.
+
+The paper gives no cluster-wide fairness and LAS-style schedulers beat it on mean JCT. This
+compares fifo, las, the paper's gandiva (round-robin time slices, newcomers queue once every
+server is at max_height), gandiva as shipped (plus least-attained-service admission when the
+cluster is full, ``policies/gandiva/admission.py``) and that with time slices ordered by
+attained service too (``slice_order=las``) on: the paper's 180-GPU workload, the Philly trace
+replay, and the first jobs of the Chronus Philly trace.
+
+Usage: python benchmarks/paper/beyond_las.py [--chronus-jobs 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import cluster180
+import trace_replay
+from common import console, emit, run_policies
+from rich.table import Table
+
+from gandiva.traces import load_trace
+
+POLICIES = {"fifo": "fifo", "las": "las", "gandiva (paper)": "gandiva:-las_admission",
+            "gandiva": "gandiva", "gandiva+las-slices": "gandiva:slice_order=las"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--chronus-jobs", type=int, default=3000)
+    args = ap.parse_args()
+    workloads = {
+        "paper-180 (1,000 jobs, 180 GPUs)": (cluster180.workload(1000, 0), cluster180.CLUSTER),
+        "philly replay (8,800 jobs, 100 GPUs)": (trace_replay.workload(8800, "vc_6214e9")[0],
+                                                 trace_replay.CLUSTER),
+        f"chronus-mix1 ({args.chronus_jobs:,} jobs, 64 GPUs)": (
+            load_trace("chronus-mix1", jobs=args.chronus_jobs), "16x4"),
+    }
+    table = Table(title="gandiva vs las: mean JCT / first 100 mini-batches / GPU utilisation")
+    table.add_column("workload")
+    for p in POLICIES:
+        table.add_column(p, justify="right")
+    out = {}
+    for name, (trace, cluster) in workloads.items():
+        res = run_policies(trace, POLICIES, cluster)
+        out[name] = {p: {k: res[p][k] for k in ("mean_jct_s", "mean_first_feedback_s",
+                                                 "sm_utilization", "utilization", "wall_s")}
+                     for p in POLICIES}
+        table.add_row(name, *(f"{r['mean_jct_s'] / 60:,.0f} min / "
+                              f"{r['mean_first_feedback_s'] / 60:,.1f} min / "
+                              f"{100 * r['sm_utilization']:.0f}%" for r in res.values()))
+    console.print(table)
+    emit("beyond-las", {"workloads": out})
+
+
+if __name__ == "__main__":
+    main()
