@@ -244,7 +244,7 @@ def test_every_bundled_mechanism_keeps_the_invariants_on_a_busy_cluster():
 
 def test_full_cluster_admits_a_newcomer_in_place_of_the_most_served_job():
     trace = (job("old", 0, 1, 10_000), job("new", 5000, 1, 600))
-    result, _ = run("1x1", "gandiva:max_height=1", *trace)
+    result, _ = run("1x1", "gandiva:max_height=1:las_admission", *trace)
     (t, _), = acts(result, A.Suspend, "old")
     (t_new, _), = acts(result, A.Place, "new")
     assert t == t_new == pytest.approx(5000)
@@ -257,16 +257,17 @@ def test_full_cluster_admits_a_newcomer_in_place_of_the_most_served_job():
 
 def test_no_displacement_between_jobs_of_similar_age_or_of_higher_priority():
     young = (job("a", 0, 1, 10_000), job("b", 1000, 1, 600))  # a has only 1,000 GPU-s more
-    result, _ = run("1x1", "gandiva:max_height=1", *young)
+    result, _ = run("1x1", "gandiva:max_height=1:las_admission", *young)
     assert acts(result, A.Suspend) == []
     vip = (job("a", 0, 1, 10_000, priority=3), job("b", 5000, 1, 600))
-    result, _ = run("1x1", "gandiva:max_height=1", *vip)
+    result, _ = run("1x1", "gandiva:max_height=1:las_admission", *vip)
     assert acts(result, A.Suspend) == []
 
 
 def test_a_big_gang_clears_servers_of_long_served_jobs():
     small = [job(f"s{i}", 0, 1, 20_000) for i in range(8)]
-    result, sim = run("2x4", "gandiva:max_height=1", *small, job("gang", 5000, 8, 1000))
+    result, sim = run("2x4", "gandiva:max_height=1:las_admission", *small,
+                      job("gang", 5000, 8, 1000))
     (t, place), = acts(result, A.Place, "gang")
     assert t == pytest.approx(5000) and len(place.gpus) == 8
     assert len(acts(result, A.Suspend)) == 8

@@ -1,10 +1,10 @@
 """Beyond the paper: gandiva against Tiresias-style LAS on the same workloads.
 
 The paper gives no cluster-wide fairness and LAS-style schedulers beat it on mean JCT. This
-compares fifo, las, the paper's gandiva (round-robin time slices, newcomers queue once every
-server is at max_height), gandiva as shipped (plus least-attained-service admission when the
-cluster is full, ``policies/gandiva/admission.py``) and that with time slices ordered by
-attained service too (``slice_order=las``) on: the paper's 180-GPU workload, the Philly trace
+compares fifo, las, gandiva as the paper has it (round-robin time slices, newcomers queue
+once every server is at max_height), gandiva with time slices ordered by attained service
+(``slice_order=las``), and gandiva with least-attained-service admission when the cluster is
+full (``las_admission``, ``policies/gandiva/admission.py``) on: the paper's 180-GPU workload, the Philly trace
 replay, and the first jobs of the Chronus Philly trace.
 
 Usage: python benchmarks/paper/beyond_las.py [--chronus-jobs 3000]
@@ -21,8 +21,9 @@ from rich.table import Table
 
 from gandiva.traces import load_trace
 
-POLICIES = {"fifo": "fifo", "las": "las", "gandiva (paper)": "gandiva:-las_admission",
-            "gandiva": "gandiva", "gandiva+las-slices": "gandiva:slice_order=las"}
+POLICIES = {"fifo": "fifo", "las": "las", "gandiva": "gandiva",
+            "gandiva+las-slices": "gandiva:slice_order=las",
+            "gandiva+las-admission": "gandiva:las_admission"}
 
 
 def main() -> None:

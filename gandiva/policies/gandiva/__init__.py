@@ -36,9 +36,11 @@ class Gandiva:
     quantum: float = 60.0
     # "roundrobin" (the paper) or "las": order time slices by attained service (least first)
     slice_order: str = "roundrobin"
-    # beyond the paper: when every server is at max_height, a newcomer takes the place of the
-    # job with the most attained service (Tiresias' idea, cluster-wide); see admission.py
-    las_admission: bool = True
+    # beyond the paper, off by default: when every server is at max_height, a newcomer takes
+    # the place of the job with the most attained service (Tiresias' idea, cluster-wide); see
+    # admission.py. It cuts the wait for first feedback under overload but, measured on the
+    # Chronus trace, more than doubles mean JCT (benchmarks/paper/beyond_las.py)
+    las_admission: bool = False
     # ...but only from a job that has had this many GPU-seconds more than the newcomer, so
     # that jobs of similar age do not evict each other back and forth
     displace_margin: float = 3600.0
