@@ -70,6 +70,11 @@ def test_affinity_first_least_loaded_then_empty_then_any_then_oversubscribe():
     # full cluster: over-subscribe the same-affinity server with the lowest height
     c, book = hand_state("2x2", {"a": (1, (0,)), "b": (1, (1,)), "c": (2, (2, 3))})
     assert choose_server(newcomer(c, 1), c, book, 3.0, True) == (0, False)
+    # no server of its affinity at all: over-subscribe the lowest of another (ours)
+    c, book = hand_state("2x2", {"a": (1, (0,)), "b": (1, (1,)), "c": (1, (2,)),
+                                 "d": (1, (3,)), "e": (1, ())})
+    book.assign(c.jobs["e"], (0,))
+    assert choose_server(newcomer(c, 2), c, book, 3.0, True) == (1, False)
     assert choose_server(newcomer(c, 1), c, book, 3.0, False) is None  # -oversubscribe: queue
     assert choose_server(newcomer(c, 1), c, book, 1.0, True) is None  # height cap reached
 
@@ -182,14 +187,15 @@ def test_locality_migration_when_a_job_leaves():
 def test_defragmentation_empties_a_server_for_a_waiting_gang():
     small = [job(n, i, 1, 5000 if n in "abef" else 100, model="vae")
              for i, n in enumerate("abcdefgh")]
-    result, sim = run("2x4", "gandiva", *small, job("big", 200, 4, 1000))
+    # without over-subscription the 4-GPU job must wait for a whole server
+    result, sim = run("2x4", "gandiva:-oversubscribe", *small, job("big", 200, 4, 1000))
     moves = acts(result, A.Migrate)
     assert {a.job_id for _, a in moves} == {"a", "b"}  # s0's survivors move to s1
     (t, place), = acts(result, A.Place, "big")
     assert t == pytest.approx(200 + 300)  # at the first defragmentation round
     assert servers(sim.cluster, place) == {0}
     # without defragmentation the gang waits for the long jobs
-    result, _ = run("2x4", "gandiva:-defrag", *small, job("big", 200, 4, 1000))
+    result, _ = run("2x4", "gandiva:-oversubscribe:-defrag", *small, job("big", 200, 4, 1000))
     (t, _), = acts(result, A.Place, "big")
     assert t > 4000
 

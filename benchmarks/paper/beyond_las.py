@@ -4,8 +4,8 @@ The paper gives no cluster-wide fairness and LAS-style schedulers beat it on mea
 compares fifo, las, gandiva as the paper has it (round-robin time slices, newcomers queue
 once every server is at max_height), gandiva with time slices ordered by attained service
 (``slice_order=las``), and gandiva with least-attained-service admission when the cluster is
-full (``las_admission``, ``policies/gandiva/admission.py``) on: the paper's 180-GPU workload, the Philly trace
-replay, and the first jobs of the Chronus Philly trace.
+full (``las_admission``, ``policies/gandiva/admission.py``) on: the paper's 180-GPU
+workload, the Philly trace replay, and the first jobs of the Chronus Philly trace.
 
 Usage: python benchmarks/paper/beyond_las.py [--chronus-jobs 3000]
 """

@@ -177,9 +177,12 @@ class Gandiva:
     def _place_waiting(self, cluster: Cluster) -> Iterator[A.Action]:
         """Algorithm 1 for the jobs not yet on a server, highest priority then oldest first."""
         i = 0
+        widths: set[int] = set()  # the first waiting job of each width is at its head
         while i < min(self.scan_depth, len(self.unassigned)):
             job = cluster.jobs[self.unassigned[i]]
-            placed = yield from self._place(cluster, job, first=i == 0)
+            head = job.num_gpus not in widths
+            widths.add(job.num_gpus)
+            placed = yield from self._place(cluster, job, first=head)
             if placed:
                 self.unassigned.discard(job.id)
             else:
@@ -205,18 +208,19 @@ class Gandiva:
             if migration.is_spread(cluster, job.num_gpus, job.gpus):
                 self.spread[job.id] = None
             return True
-        choice = choose_server(job, cluster, self.book, self.max_height, self.oversubscribe)
+        choice = choose_server(job, cluster, self.book, self.max_height, self.oversubscribe,
+                               head=first)
         if (choice is None or not choice[1]) and self.elastic and self._grown(cluster):
             # shrink at once when new work needs the GPUs, before time-slicing anyone
             shrunk = list(elastic.shrink_for(self, cluster, job))
             yield from shrunk
             if shrunk:
                 choice = choose_server(job, cluster, self.book, self.max_height,
-                                       self.oversubscribe)
+                                       self.oversubscribe, head=first)
         if choice is None and self.las_admission:
             if (yield from admission.displace(self, cluster, job)):
                 choice = choose_server(job, cluster, self.book, self.max_height,
-                                       self.oversubscribe)
+                                       self.oversubscribe, head=first)
         if choice is None:
             return False
         server, starts = choice

@@ -37,18 +37,18 @@ def observe(p: Gandiva, cluster: Cluster, sample: E.ProfileSample) -> None:
 
 
 def try_pack(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
-    """Pack the least-utilised waiting 1-GPU job of ``server`` onto its least-utilised GPU."""
+    """Pack waiting 1-GPU jobs of ``server``, least-utilised first, each onto the GPU of the
+    least-utilised running job that shares no GPU yet, while memory fits."""
     waiting = [j for j in p.book.waiting(server, cluster)
                if j.num_gpus == 1 and j.id in p.solo_mbt and j.utilization is not None
                and j.memory_gb is not None and j.id not in p.trials]
-    if not waiting:
-        return
     hosts = [cluster.jobs[j] for j in p.book.members[server]]
     hosts = [j for j in hosts if j.status is JobStatus.RUNNING and j.num_gpus == 1
              and j.utilization is not None and j.memory_gb is not None
              and not shares_gpu(cluster, j)]
+    hosts.sort(key=lambda j: (j.utilization, j.seq))
     for guest in sorted(waiting, key=lambda j: (j.utilization, j.seq)):
-        for host in sorted(hosts, key=lambda j: (j.utilization, j.seq)):
+        for host in hosts:
             gpu = cluster.gpus[host.gpus[0]]
             if frozenset((guest.id, host.id)) in p.bad_pairs:
                 continue
@@ -59,7 +59,8 @@ def try_pack(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
             p.packed_mbt.pop(guest.id, None)
             p.packed_mbt.pop(host.id, None)
             p.book.last_start[guest.id] = cluster.now
-            return
+            hosts.remove(host)
+            break
 
 
 def judge(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
@@ -82,7 +83,7 @@ def judge(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
 
 
 def spread_out(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
-    """When the server has a free GPU again and nothing waits, a packed job takes it.
+    """When the server has a free GPU, a packed job takes it (packing is for overload only).
 
     The move stays on the server, so it is the fast path: suspend to host memory, resume on
     the free GPU (no checkpoint), as when time-slicing.
@@ -90,7 +91,7 @@ def spread_out(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
     for gpu in cluster.nodes[server].gpus:
         jobs = cluster.gpus[gpu].jobs
         free = cluster.free_gpus(server)
-        if len(jobs) > 1 and free and not p.book.waiting(server, cluster):
+        if len(jobs) > 1 and free:
             mover = cluster.jobs[jobs[-1]]
             if mover.num_gpus == 1:
                 target = (free[0],)

@@ -2,8 +2,9 @@
 
 For a job that fits in one server, in order: a server of the same affinity with free GPUs,
 least loaded first; an empty server; any server with free GPUs; over-subscribe a server of the
-same affinity; else the job queues. "Load" is the server's height (GPUs demanded by its jobs
-over its GPUs). A job larger than a server gets whole free servers, racks kept together.
+same affinity; (ours) over-subscribe any server; else the job queues. "Load" is the server's
+height (GPUs demanded by its jobs over its GPUs). A job larger than a server gets whole free
+servers, racks kept together.
 """
 
 from __future__ import annotations
@@ -14,11 +15,20 @@ from gandiva.state import Cluster, Job
 
 
 def choose_server(
-    job: Job, cluster: Cluster, book: Book, max_height: float, oversubscribe: bool
+    job: Job, cluster: Cluster, book: Book, max_height: float, oversubscribe: bool,
+    head: bool = False,
 ) -> tuple[int, bool] | None:
-    """The server for ``job`` and whether it can start at once (False: it waits for a slice)."""
+    """The server for ``job`` and whether it can start at once (False: it waits for a slice).
+
+    Beyond Algorithm 1, when no server of the job's affinity has room, the job over-subscribes
+    the lowest server of another affinity rather than queue: otherwise, once 1-GPU jobs hold
+    every server, a 2-GPU job waits for a server to empty completely (hours on Philly).
+    The job at the head of the queue (``head``) may take a server up to its cap even when its
+    own demand then passes it: otherwise jobs narrower than it, queued behind it, take every
+    GPU of room as it appears, and it never fits.
+    """
     n = job.num_gpus
-    same, empty, other, crowded = [], [], [], []
+    same, empty, other, crowded, mixed = [], [], [], [], []
     for node in cluster.nodes:
         s = node.id
         if not node.up or node.size < n:
@@ -29,13 +39,14 @@ def choose_server(
             empty.append(s)
         elif free >= n:
             (same if aff == n else other).append(s)
-        elif aff == n and (book.demand[s] + n) / node.size <= max_height:
-            crowded.append(s)
+        elif (book.demand[s] + (1 if head else n)) / node.size <= max_height:
+            (crowded if aff == n else mixed).append(s)
     for group, starts in ((same, True), (empty, True), (other, True)):
         if group:
             return min(group, key=lambda s: (book.height(s), s)), starts
-    if oversubscribe and crowded:
-        return min(crowded, key=lambda s: (book.height(s), s)), False
+    for group in (crowded, mixed):
+        if oversubscribe and group:
+            return min(group, key=lambda s: (book.height(s), s)), False
     return None
 
 

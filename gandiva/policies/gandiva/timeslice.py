@@ -4,8 +4,8 @@ Each round gives the server's GPUs to its jobs in order: higher priority first (
 suspended for a lower-priority one), then, by default, round-robin: the job that got a GPU
 least recently goes first, so newcomers (never run) go first of all, which is what gives every
 job early feedback. ``slice_order="las"`` orders by attained service instead (least first),
-Tiresias' idea applied inside a server. Jobs packed onto a shared GPU keep it during a round;
-the packing step decides about them. A multi-GPU job is suspended and resumed as a whole.
+Tiresias' idea applied inside a server. Packed jobs take their turns like the others (the packing
+step packs again after the round). A multi-GPU job is suspended and resumed as a whole.
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ def rotate(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
     """One round on ``server``: decide who runs for the next quantum and switch."""
     book, now = p.book, cluster.now
     jobs = [cluster.jobs[j] for j in book.members[server]]
-    pinned = {j.id for j in jobs if j.status is JobStatus.RUNNING
-              and (len(book.home[j.id]) > 1 or any(len(cluster.gpus[g].jobs) > 1 for g in j.gpus))}
+    # a gang spread over servers keeps its GPUs; everything else takes its turn, packed jobs
+    # too (a packed pair counts one GPU each here, so it can never crowd waiting jobs out)
+    pinned = {j.id for j in jobs if j.status is JobStatus.RUNNING and len(book.home[j.id]) > 1}
     capacity = cluster.nodes[server].size - sum(
         1 for g in cluster.nodes[server].gpus if any(j in pinned for j in cluster.gpus[g].jobs))
     chosen: list[Job] = []
