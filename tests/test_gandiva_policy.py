@@ -101,6 +101,21 @@ def test_oversubscribed_server_time_slices_with_the_quantum():
     assert 1100 < jcts(result)["a"] < 1300 and 1100 < jcts(result)["b"] < 1300
 
 
+def test_suspend_delay_is_charged_back_to_the_resumed_job():
+    c, book = hand_state("1x1", {"a": (1, (0,)), "b": (1, ())})
+    p = make_policy("gandiva")
+    p.book = book
+    book.assign(c.jobs["b"], (0,))
+    c.apply(A.Suspend("a"))
+    c.jobs["a"].memory_gb = 10.0
+    book.last_start["b"] = 0.0
+    c.now = 60.0
+    for action in rotate(p, c, 0):
+        c.apply(action)
+    assert c.jobs["a"].status.value == "running"  # a had the GPU least recently (never: -inf)
+    assert book.last_start["a"] == pytest.approx(60.0 - (0.05 + 0.06 * 10.0))
+
+
 def test_gang_is_suspended_and_resumed_whole():
     result, _ = run("1x2", "gandiva:-pack", job("g", 0, 2, 300), job("h", 5, 2, 300))
     for _, a in acts(result, A.Resume, "g"):
