@@ -71,8 +71,8 @@ def main() -> None:
         "FIFO first 100 mini-batches": heavy,
         "gandiva first 100 mini-batches": (
             f"time-slicing starts a job within one 60 s quantum while the height cap allows it "
-            f"({light['gandiva_first_feedback_s']} s at {near} jobs); process start-up and data "
-            "loading, which the paper's 498 s includes, are not simulated"),
+            f"({light['gandiva_first_feedback_s']} s at {near} jobs); the simulator models no "
+            "process start-up or data loading, and the paper does not break its 498 s down"),
         "gandiva GPU utilisation": (
             f"our cluster stays saturated for {load:.1f} h, so packing turns into utilisation; at "
             f"{near} jobs ours is {100 * light['gandiva_sm_util']:.1f}% vs FIFO "
