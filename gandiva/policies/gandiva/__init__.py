@@ -246,9 +246,7 @@ class Gandiva:
         crowded = [s for s in range(len(cluster.nodes)) if book.height(s) > 1.0]
         for src in sorted(crowded, key=lambda s: -book.height(s)):
             for job in sorted(book.waiting(src, cluster), key=lambda j: j.seq):
-                dest = next((n.id for n in cluster.nodes if n.up and n.id != src
-                             and len(cluster.free_gpus(n.id)) >= job.num_gpus
-                             and not book.waiting(n.id, cluster)), None)
+                dest = timeslice.free_elsewhere(self, cluster, src, job.num_gpus)
                 if dest is None:
                     return
                 book.assign(job, (dest,))

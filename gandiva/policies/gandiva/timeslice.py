@@ -38,7 +38,8 @@ def order_key(p: Gandiva, job: Job, now: float) -> tuple[float, float, int]:
     return (-job.priority, turn, job.seq)
 
 
-def _free_elsewhere(p: Gandiva, cluster: Cluster, server: int, count: int) -> int | None:
+def free_elsewhere(p: Gandiva, cluster: Cluster, server: int, count: int) -> int | None:
+    """A server other than ``server`` with ``count`` free GPUs and no job waiting for them."""
     for node in cluster.nodes:
         if (node.up and node.id != server and len(cluster.free_gpus(node.id)) >= count
                 and not p.book.waiting(node.id, cluster)):
@@ -63,7 +64,7 @@ def rotate(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
     keep = {j.id for j in chosen}
     for job in jobs:
         if job.status is JobStatus.RUNNING and job.id not in pinned and job.id not in keep:
-            elsewhere = _free_elsewhere(p, cluster, server, job.num_gpus)
+            elsewhere = free_elsewhere(p, cluster, server, job.num_gpus)
             if elsewhere is not None and any(j.priority > job.priority for j in chosen):
                 # a lower-priority job moves away rather than stop, where GPUs are free
                 yield A.Migrate(job.id, gpus_on(cluster, elsewhere, job.num_gpus))
