@@ -14,12 +14,6 @@ from typing import Any
 
 from gandiva.sim.engine import SimResult
 
-SUMMARY_KEYS = (
-    "mean_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "makespan_s", "utilization",
-    "useful_utilization", "sm_utilization", "mean_queue_s", "mean_first_feedback_s",
-    "suspends", "migrations", "packs", "max_ftf_rho", "mean_ftf_rho", "jobs", "finished",
-)
-
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Linear-interpolated percentile (numpy's default), ``q`` in [0, 100]."""

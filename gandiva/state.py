@@ -180,6 +180,20 @@ class Cluster:
     def servers_of(self, gpus: Iterable[int]) -> set[int]:
         return {self.gpus[g].node for g in gpus}
 
+    def splits_sockets(self, gpus: tuple[int, ...]) -> bool:
+        """Are ``gpus`` on one server but over several sockets, when one socket could hold
+        them? (Spanning sockets costs only such jobs: the paper's 1x4 ResNet-50 baseline
+        already spans both sockets of its server.)"""
+        node = self.nodes[self.gpus[gpus[0]].node]
+        if any(self.gpus[g].node != node.id for g in gpus[1:]):
+            return False
+        if len({self.gpus[g].socket for g in gpus}) < 2:
+            return False
+        per_socket: dict[int, int] = {}
+        for g in node.gpus:
+            per_socket[self.gpus[g].socket] = per_socket.get(self.gpus[g].socket, 0) + 1
+        return len(gpus) <= max(per_socket.values())
+
     def active_count(self) -> int:
         return len(self.queue) + len(self.running) + len(self.suspended)
 

@@ -34,7 +34,6 @@ class SimConfig:
     failures: list[tuple[float, int]] = field(default_factory=list)  # (time, server)
     priority_changes: list[tuple[float, str, int]] = field(default_factory=list)  # (t, job, p)
     timeline: bool = True  # record per-GPU segments (for the GPU timeline plot of small runs)
-    series_points: int = 2000  # utilisation/queue samples kept for plots
     check_invariants: bool = False  # full state check after every event (tests, debugging)
     # progress reports: besides the sample after each (re)start, one every this many
     # mini-batches (the job library reports continuously; the simulator only when asked)
@@ -113,10 +112,6 @@ class Simulator:
         self.notes: list[str] = []
         self._gpu_types = sorted({g.type for g in cluster.gpus})
         self._biggest_server = max(n.size for n in cluster.nodes)
-        self._socket_size = [
-            max(sum(1 for g in n.gpus if cluster.gpus[g].socket == s) for s in (0, 1))
-            for n in cluster.nodes
-        ]
         self._wakes: set[float] = set()
         self._alloc_area = 0.0
         self._active_area = 0.0
@@ -255,10 +250,7 @@ class Simulator:
         gpus = [self.cluster.gpus[g] for g in rec.gpus]
         step = max(self.perf.step_time(rec.model, g.type) for g in gpus)
         servers = {g.node for g in gpus}
-        # spanning sockets costs only a job that one socket could have held (the paper's 1x4
-        # ResNet-50 baseline already spans both sockets of its server)
-        cross_socket = (len(servers) == 1 and len({g.socket for g in gpus}) > 1
-                        and len(gpus) <= self._socket_size[gpus[0].node])
+        cross_socket = self.cluster.splits_sockets(rec.gpus)
         rate = len(gpus) / rec.spec.num_gpus / step
         # a trace's duration was measured on the fewest servers that hold the job; only a
         # wider spread than that costs extra

@@ -38,11 +38,7 @@ def is_spread(cluster: Cluster, num_gpus: int, gpus: tuple[int, ...]) -> bool:
     servers = cluster.servers_of(gpus)
     if len(servers) > ceil(num_gpus / first.size):
         return True
-    if len(servers) > 1:
-        return False
-    sockets = len({cluster.gpus[g].socket for g in first.gpus})
-    used = len({cluster.gpus[g].socket for g in gpus})
-    return used > 1 and num_gpus <= first.size // sockets
+    return cluster.splits_sockets(gpus)
 
 
 def consolidate(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
