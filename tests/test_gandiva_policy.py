@@ -90,11 +90,12 @@ def test_multi_server_job_gets_whole_servers_of_one_rack():
 
 def test_oversubscribed_server_time_slices_with_the_quantum():
     result, _ = run("1x1", "gandiva:-pack", job("a", 0, 1, 600), job("b", 10, 1, 600))
-    # b waits for the next quantum boundary (10 + 60), then a and b alternate every 60 s
+    # b waits for the next round (rounds fall on multiples of the 60 s quantum), then a and
+    # b alternate every 60 s
     (t_b, _), = acts(result, A.Place, "b")
-    assert t_b == pytest.approx(70)
+    assert t_b == pytest.approx(60)
     suspends = [t for t, _ in acts(result, A.Suspend)]
-    assert suspends[:3] == pytest.approx([70, 130, 190])
+    assert suspends[:3] == pytest.approx([60, 120, 180])
     r = {x.spec.id: x for x in result.jobs}
     assert r["b"].first_feedback - 10 < 60 + 100 * PERF.step_time("resnet50", "V100") + 1
     # both finish, sharing the GPU: each takes about twice its solo time
@@ -110,7 +111,7 @@ def test_suspend_delay_is_charged_back_to_the_resumed_job():
     c.jobs["a"].memory_gb = 10.0
     book.last_start["b"] = 0.0
     c.now = 60.0
-    for action in rotate(p, c, 0):
+    for action in rotate(p, c, {0}, tick=True):
         c.apply(action)
     assert c.jobs["a"].status.value == "running"  # a had the GPU least recently (never: -inf)
     assert book.last_start["a"] == pytest.approx(60.0 - (0.05 + 0.06 * 10.0))
@@ -125,16 +126,39 @@ def test_gang_is_suspended_and_resumed_whole():
         assert sum(1 for seg in result.timeline if seg[2] == t) == 2
 
 
+def test_gang_wider_than_a_server_time_slices_across_its_servers():
+    # a and b fill both 2-GPU servers; the 4-GPU gang g over-subscribes both and takes its
+    # turn on both at the next round, instead of waiting for them to empty
+    result, sim = run("2x2", "gandiva:-pack", job("a", 0, 2, 600), job("b", 0, 2, 600),
+                      job("g", 10, 4, 300))
+    (t, place), = acts(result, A.Place, "g")
+    assert t == pytest.approx(60) and servers(sim.cluster, place) == {0, 1}
+    assert [t for t, _ in acts(result, A.Suspend, "a")][0] == pytest.approx(60)
+    assert [t for t, _ in acts(result, A.Suspend, "b")][0] == pytest.approx(60)
+    assert [t for t, _ in acts(result, A.Suspend, "g")][0] == pytest.approx(120)
+    for _, a in acts(result, A.Resume, "g"):
+        assert len(a.gpus) == 4
+    assert jcts(result)["g"] < 1000  # alone after a and b it would finish at 1,200+
+
+
+def test_narrow_job_takes_turns_with_a_running_gang():
+    result, _ = run("2x2", "gandiva:-pack", job("g", 0, 4, 1000), job("c", 10, 1, 300))
+    (t, _), = acts(result, A.Place, "c")
+    assert t == pytest.approx(60)
+    assert [t for t, _ in acts(result, A.Suspend, "g")][0] == pytest.approx(60)
+    assert jcts(result)["c"] < 1000
+
+
 def test_priority_is_never_inverted():
     high = job("high", 0, 1, 600, priority=5)
     result, _ = run("1x1", "gandiva", high, job("low", 10, 1, 300))
     assert acts(result, A.Suspend, "high") == []
     assert jcts(result)["high"] == pytest.approx(600)
-    # a higher-priority newcomer takes the GPU at the next quantum
+    # a higher-priority newcomer takes the GPU at the next round
     result, _ = run("1x1", "gandiva:-pack", job("low", 0, 1, 600),
                     job("high", 10, 1, 300, priority=5))
     (t, _), = acts(result, A.Suspend, "low")
-    assert t == pytest.approx(70) and acts(result, A.Suspend, "high") == []
+    assert t == pytest.approx(60) and acts(result, A.Suspend, "high") == []
 
 
 def test_priority_change_while_running_takes_effect_at_once():
@@ -152,7 +176,7 @@ def test_lower_priority_job_migrates_away_instead_of_stopping():
     c.jobs["high"].priority = 5
     book.assign(c.jobs["high"], (0,))
     decided = []
-    for action in rotate(p, c, 0):
+    for action in rotate(p, c, {0}, tick=True):
         c.apply(action)
         decided.append(action)
     assert decided == [A.Migrate("low", (1,)), A.Place("high", (0,))]

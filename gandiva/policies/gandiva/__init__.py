@@ -20,7 +20,7 @@ from gandiva import actions as A
 from gandiva import events as E
 from gandiva.policies.gandiva import admission, elastic, migration, packing, timeslice
 from gandiva.policies.gandiva.book import Book, Waiting
-from gandiva.policies.gandiva.placement import choose_server, gang_gpus, gpus_on
+from gandiva.policies.gandiva.placement import choose_server, gang_gpus, gang_servers, gpus_on
 from gandiva.state import Cluster, Job, JobStatus
 
 
@@ -130,11 +130,12 @@ class Gandiva:
             return
 
         due = self._due(cluster.now) if isinstance(event, E.Tick) else []
-        for kind, server in due:
-            if kind == "slice":
-                touched.add(server)
-        for server in sorted(touched):
-            yield from self._refill(cluster, server)
+        slices = {server for kind, server in due if kind == "slice"}
+        if slices:
+            yield from self._refill(cluster, slices, tick=True)
+        if touched - slices:
+            yield from self._refill(cluster, touched - slices, tick=False)
+        touched |= slices
         if not isinstance(event, E.Tick):  # time slices move no job between servers
             yield from self._place_waiting(cluster)
         if isinstance(event, E.Departure):
@@ -164,15 +165,16 @@ class Gandiva:
             d.pop(job.id, None)
         self.book.last_start.pop(job.id, None)
 
-    def _refill(self, cluster: Cluster, server: int) -> Iterator[A.Action]:
-        """A round of time-slicing on ``server`` (and packing if it stays over-subscribed)."""
-        yield from timeslice.rotate(self, cluster, server)
-        if self.pack:
-            yield from packing.spread_out(self, cluster, server)
+    def _refill(self, cluster: Cluster, servers: set[int], tick: bool) -> Iterator[A.Action]:
+        """A round of time-slicing on ``servers`` (and packing where they stay over-subscribed)."""
+        yield from timeslice.rotate(self, cluster, servers, tick)
+        for server in sorted(servers):
+            if self.pack:
+                yield from packing.spread_out(self, cluster, server)
+                if self.book.waiting(server, cluster):
+                    yield from packing.try_pack(self, cluster, server)
             if self.book.waiting(server, cluster):
-                yield from packing.try_pack(self, cluster, server)
-        if self.book.waiting(server, cluster):
-            self.timer(cluster.now + self.quantum, "slice", server)
+                self.timer(timeslice.next_round(self, cluster.now), "slice", server)
 
     def _place_waiting(self, cluster: Cluster) -> Iterator[A.Action]:
         """Algorithm 1 for the jobs not yet on a server, highest priority then oldest first."""
@@ -202,7 +204,14 @@ class Gandiva:
                 yield from admission.clear_servers(self, cluster, job)
                 gpus = gang_gpus(job, cluster)
             if gpus is None:
-                return False
+                servers = gang_servers(job, cluster, self.book, self.max_height,
+                                       head=first) if self.oversubscribe else None
+                if servers is None:
+                    return False
+                self.book.assign(job, servers)  # it starts at a round of one of them
+                for s in servers:
+                    self.timer(timeslice.next_round(self, cluster.now), "slice", s)
+                return True
             self.book.assign(job, tuple(sorted(cluster.servers_of(gpus))))
             yield self._start(job, gpus, cluster.now)
             if migration.is_spread(cluster, job.num_gpus, job.gpus):
@@ -231,7 +240,7 @@ class Gandiva:
             if migration.is_spread(cluster, job.num_gpus, job.gpus):
                 self.spread[job.id] = None
         else:
-            self.timer(cluster.now + self.quantum, "slice", server)
+            self.timer(timeslice.next_round(self, cluster.now), "slice", server)
         return True
 
     def _start(self, job: Job, gpus: tuple[int, ...], now: float) -> A.Action:
@@ -246,6 +255,8 @@ class Gandiva:
         crowded = [s for s in range(len(cluster.nodes)) if book.height(s) > 1.0]
         for src in sorted(crowded, key=lambda s: -book.height(s)):
             for job in sorted(book.waiting(src, cluster), key=lambda j: j.seq):
+                if timeslice.is_gang(self, job):
+                    continue  # it takes its turns on its servers, or moves when they empty
                 dest = timeslice.free_elsewhere(self, cluster, src, job.num_gpus)
                 if dest is None:
                     return

@@ -54,6 +54,24 @@ def gpus_on(cluster: Cluster, server: int, count: int) -> tuple[int, ...]:
     return tuple(pick_in_server(cluster, server, count))
 
 
+def gang_servers(
+    job: Job, cluster: Cluster, book: Book, max_height: float, head: bool = False,
+) -> tuple[int, ...] | None:
+    """Whole servers to over-subscribe for a gang wider than a server: the fewest that hold
+    it, least loaded first, each kept under ``max_height`` counting the gang as one more
+    server's worth of demand (the head of the queue may pass the cap, as in
+    ``choose_server``). None if too few servers have room."""
+    size = max(node.size for node in cluster.nodes)
+    need = -(-job.num_gpus // size)
+    extra = 1 if head else size
+    room = [n.id for n in cluster.nodes if n.up and n.size == size
+            and (book.demand[n.id] + extra) / size <= max_height]
+    if len(room) < need:
+        return None
+    return tuple(sorted(sorted(room, key=lambda s: (book.height(s), cluster.nodes[s].rack, s))
+                        [:need]))
+
+
 def gang_gpus(job: Job, cluster: Cluster) -> tuple[int, ...] | None:
     """GPUs for a job bigger than one server: whole free servers first (see ``best_fit``)."""
     return best_fit(cluster, job.num_gpus)

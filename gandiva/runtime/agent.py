@@ -1,0 +1,455 @@
+"""The node agent: runs job processes on this machine's devices and carries out actions.
+
+One process per rank, each with a control channel (a socket pair) to the agent, its own log
+file, and a torchrun-compatible environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT).
+Devices are GPUs (``cuda``) or, on a machine without GPUs, CPU slots standing in for them.
+
+A job that imports the job library says hello on its channel; the agent then suspends,
+resumes, checkpoints and moves it through the library at mini-batch boundaries. A script that
+never says hello is handled coarsely: SIGSTOP/SIGCONT for time-slicing, SIGTERM then SIGKILL
+after a grace period for preemption.
+
+A job whose process dies without being asked to (a crash, the OOM killer, SIGKILL) restarts
+from its last checkpoint, up to ``max_restarts`` times, as torchrun does; after that it fails,
+with its exit status and the end of its log as the reason. The agent itself never dies of a
+job's failure.
+
+Decision: on GPUs, rank r of a job sees its own GPU as ``cuda:0`` (first in
+CUDA_VISIBLE_DEVICES, so unmodified scripts use the right one) followed by the node's other
+GPUs, so the library can resume it on another GPU of the node without a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAX_RESTARTS = 3  # torchrun's --max-restarts: enough for a transient fault, not a crash loop
+ACK_TIMEOUT_S = 60.0  # a suspend waits for the next mini-batch boundary at most this long
+GRACE_S = 10.0  # SIGTERM before SIGKILL, for scripts that save on SIGTERM
+LOG_TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to run a job: the body's part of a job spec (the policy never sees it)."""
+
+    command: list[str]
+    cwd: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class AgentEvent:
+    """What the agent reports: ``profile``, ``done``, ``failed``, ``restarted``."""
+
+    kind: str
+    job_id: str
+    data: dict = field(default_factory=dict)
+    time: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _Rank:
+    rank: int
+    proc: subprocess.Popen
+    sock: socket.socket
+    visible: list[int]  # the devices it can see, in order (GPUs: cuda:i is visible[i])
+    buf: bytes = b""
+    exit: int | None = None
+
+
+@dataclass
+class _Job:
+    id: str
+    launch: Launch
+    devices: tuple[int, ...]
+    ranks: list[_Rank] = field(default_factory=list)
+    aware: bool = False  # said hello: speaks the job library's protocol
+    stopping: bool = False  # we asked it to exit (checkpoint-and-stop or kill)
+    done: bool = False
+    suspended: bool = False
+    signalled: bool = False  # suspended with SIGSTOP
+    restarts: int = 0
+    step: int = 0
+    acks: dict[str, threading.Event] = field(default_factory=dict)
+    replies: dict[str, dict] = field(default_factory=dict)
+
+
+class AgentError(RuntimeError):
+    pass
+
+
+class Agent:
+    """Runs and steers the job processes of one node. Thread-safe; events go to ``events``."""
+
+    def __init__(self, workdir: Path, devices: list[str], threads: int = 1,
+                 max_restarts: int = MAX_RESTARTS, checkpoint_every_s: float = 300.0,
+                 python: str = sys.executable) -> None:
+        self.workdir = Path(workdir)
+        self.devices = devices  # e.g. ["cpu:0", "cpu:1"] or ["cuda:0", "cuda:1"]
+        self.threads = threads
+        self.max_restarts = max_restarts
+        self.checkpoint_every_s = checkpoint_every_s
+        self.python = python
+        self.events: queue.Queue[AgentEvent] = queue.Queue()
+        self.jobs: dict[str, _Job] = {}
+        self.ended: set[str] = set()  # finished or failed: actions on them are no-ops
+        self._lock = threading.RLock()
+        self._sel = selectors.DefaultSelector()
+        self._wakeup_r, self._wakeup_w = socket.socketpair()
+        self._sel.register(self._wakeup_r, selectors.EVENT_READ, None)
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="gandiva-agent", daemon=True)
+        self._thread.start()
+
+    @property
+    def gpu(self) -> bool:
+        return self.devices[0].startswith("cuda")
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.workdir / "jobs" / job_id
+
+    def checkpoint_dir(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / "checkpoints"
+
+    # ---- actions ------------------------------------------------------------------------
+    def start(self, job_id: str, launch: Launch, devices: tuple[int, ...]) -> None:
+        """Start (or restart, from its latest checkpoint) ``job_id`` on ``devices``."""
+        with self._lock:
+            old = self.jobs.get(job_id)
+            job = _Job(job_id, launch, tuple(devices), restarts=old.restarts if old else 0)
+            self.jobs[job_id] = job
+            self._spawn(job)
+
+    def suspend(self, job_id: str) -> None:
+        job = self._job(job_id)
+        if job is None:
+            return
+        if job.aware and self._command(job, lambda r: {"op": "suspend"}, "suspended"):
+            job.suspended = True
+            return
+        self._signal(job, signal.SIGSTOP)
+        job.suspended = job.signalled = True
+
+    def resume(self, job_id: str, devices: tuple[int, ...]) -> None:
+        job = self._job(job_id)
+        if job is None:
+            return
+        if job.signalled:
+            self._signal(job, signal.SIGCONT)
+            job.suspended = job.signalled = False
+            if tuple(devices) != job.devices and self.gpu:
+                # an unmodified script cannot change GPU in place; it stays where it was
+                self._log(job, f"resumed on its old devices {job.devices}, not {devices}")
+            elif not self.gpu:
+                self._pin(job, devices)
+            return
+        if self.gpu and len(job.ranks) > 1 and tuple(devices) != job.devices:
+            # NCCL communicators are bound to their GPUs: a gang moves through a checkpoint
+            self.resume(job_id, job.devices)
+            self.restart(job_id, devices)
+            return
+        job.devices = tuple(devices)
+        self._command(job, lambda r: {"op": "resume", "device": self._device_name(job, r)},
+                      "resumed")
+        job.suspended = False
+
+    def restart(self, job_id: str, devices: tuple[int, ...]) -> None:
+        """Checkpoint at the next boundary, stop, and start again on ``devices`` (maybe a
+        different number of them): migration, grow and shrink."""
+        job = self._job(job_id)
+        if job is None:
+            return
+        self.stop(job_id, checkpoint=True)
+        if job_id not in self.ended:
+            self.start(job_id, job.launch, devices)
+
+    def stop(self, job_id: str, checkpoint: bool = False) -> None:
+        """Stop the job's processes: after a checkpoint (library jobs), else by signal."""
+        job = self._job(job_id)
+        if job is None:
+            return
+        job.stopping = True
+        if checkpoint and job.aware:
+            if job.signalled:
+                self._signal(job, signal.SIGCONT)
+            for r in job.ranks:  # a job suspended by the library takes it while blocked
+                self._send(r, {"op": "checkpoint", "exit": True})
+            if self._wait_exit(job, ACK_TIMEOUT_S):
+                return
+        self._terminate(job)
+
+    def kill(self, job_id: str) -> None:
+        if job_id in self.jobs:
+            self.stop(job_id, checkpoint=False)
+            self.jobs.pop(job_id, None)
+            self.ended.add(job_id)
+
+    def close(self) -> None:
+        with self._lock:
+            for job in list(self.jobs.values()):
+                if any(r.exit is None for r in job.ranks):
+                    job.stopping = True
+                    self._terminate(job, grace=2.0)
+            self._closed = True
+        self._wakeup_w.send(b"x")
+        self._thread.join(timeout=5)
+
+    # ---- processes ----------------------------------------------------------------------
+    def _device_name(self, job: _Job, r: _Rank) -> str:
+        dev = job.devices[r.rank]
+        return f"cuda:{r.visible.index(dev)}" if self.gpu else f"cpu:{dev}"
+
+    def _spawn(self, job: _Job) -> None:
+        directory = self.job_dir(job.id)
+        directory.mkdir(parents=True, exist_ok=True)
+        world = len(job.devices)
+        port = _free_port()
+        for rank in range(world):
+            mine = job.devices[rank]
+            visible = [mine] + [d for d in range(len(self.devices)) if d != mine]
+            ours, theirs = socket.socketpair()
+            env = {**os.environ, **job.launch.env,
+                   "GANDIVA_JOB_ID": job.id, "GANDIVA_CONTROL_FD": str(theirs.fileno()),
+                   "GANDIVA_CHECKPOINT_DIR": str(self.checkpoint_dir(job.id)),
+                   "GANDIVA_CHECKPOINT_EVERY_S": str(self.checkpoint_every_s),
+                   "GANDIVA_THREADS": str(self.threads),
+                   "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                   "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1",
+                   "OMP_NUM_THREADS": str(self.threads)}
+            if self.gpu:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(
+                    self.devices[d].split(":")[1] for d in visible)
+                env["GANDIVA_DEVICE"] = "cuda:0"
+            else:
+                env["GANDIVA_DEVICE"] = f"cpu:{job.devices[rank]}"
+            command = [self.python if c == "{python}" else c for c in job.launch.command]
+            log = open(directory / f"rank{rank}.log", "ab")
+            log.write(f"--- gandiva: start on {env['GANDIVA_DEVICE']} "
+                      f"(attempt {job.restarts + 1}) ---\n".encode())
+            log.flush()
+            try:
+                proc = subprocess.Popen(
+                    command, cwd=job.launch.cwd or directory, env=env, stdout=log,
+                    stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),),
+                    start_new_session=True)
+            except OSError as err:
+                theirs.close()
+                ours.close()
+                log.close()
+                self._finish(job, f"cannot start {command[0]!r}: {err}")
+                return
+            finally:
+                log.close()
+            theirs.close()
+            ours.setblocking(False)
+            r = _Rank(rank, proc, ours, visible)
+            job.ranks.append(r)
+            self._sel.register(ours, selectors.EVENT_READ, (job, r))
+        self._wakeup_w.send(b"x")
+
+    def _pin(self, job: _Job, devices: tuple[int, ...]) -> None:
+        job.devices = tuple(devices)
+        cores = sorted(os.sched_getaffinity(0))
+        for r in job.ranks:
+            first = job.devices[r.rank] * self.threads
+            try:
+                os.sched_setaffinity(r.proc.pid, {cores[(first + i) % len(cores)]
+                                                  for i in range(self.threads)})
+            except OSError:
+                pass
+
+    def _signal(self, job: _Job, sig: int) -> None:
+        for r in job.ranks:
+            if r.exit is None:
+                try:
+                    os.killpg(r.proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def _terminate(self, job: _Job, grace: float = GRACE_S) -> None:
+        job.stopping = True
+        self._signal(job, signal.SIGCONT)
+        self._signal(job, signal.SIGTERM)
+        if not self._wait_exit(job, grace):
+            self._signal(job, signal.SIGKILL)
+            self._wait_exit(job, 10.0)
+
+    def _wait_exit(self, job: _Job, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        for r in job.ranks:
+            try:
+                r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return False
+        return True
+
+    # ---- the channel --------------------------------------------------------------------
+    def _job(self, job_id: str) -> _Job | None:
+        """The job, or None if it has ended (the scheduler learns it from the event)."""
+        with self._lock:
+            job = self.jobs.get(job_id)
+        if job is None and job_id not in self.ended:
+            raise AgentError(f"no job {job_id!r} on this agent")
+        return job
+
+    def _send(self, r: _Rank, msg: dict) -> None:
+        try:
+            r.sock.setblocking(True)
+            r.sock.sendall((json.dumps(msg) + "\n").encode())
+        except OSError:
+            pass  # it died; the exit is noticed by the loop
+        finally:
+            try:
+                r.sock.setblocking(False)
+            except OSError:
+                pass
+
+    def _command(self, job: _Job, msg, ack: str) -> bool:
+        """Send ``msg(rank)`` to every rank and wait for their ``ack``; False on timeout."""
+        with self._lock:
+            for r in job.ranks:  # forget a late ack of an earlier command
+                job.acks.pop(f"{ack}:{r.rank}", None)
+        for r in job.ranks:
+            self._send(r, msg(r))
+        return self._wait_ack(job, ack)
+
+    def _wait_ack(self, job: _Job, ack: str) -> bool:
+        """Wait until every rank acknowledged ``ack``; False if one did not in time, or a
+        process ended meanwhile (the job finished or crashed: the reaper reports it)."""
+        deadline = time.monotonic() + ACK_TIMEOUT_S
+        for r in job.ranks:
+            key = f"{ack}:{r.rank}"
+            with self._lock:
+                ev = job.acks.setdefault(key, threading.Event())
+            while not ev.wait(0.02):
+                if r.proc.poll() is not None or time.monotonic() > deadline:
+                    return False
+            with self._lock:
+                job.acks.pop(key, None)
+        return True
+
+    def _loop(self) -> None:
+        while not self._closed:
+            for key, _ in self._sel.select(timeout=0.05):
+                if key.data is None:
+                    self._wakeup_r.recv(4096)
+                    continue
+                job, r = key.data
+                try:
+                    chunk = r.sock.recv(65536)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    self._sel.unregister(r.sock)
+                    r.sock.close()
+                    continue
+                r.buf += chunk
+                while b"\n" in r.buf:
+                    line, r.buf = r.buf.split(b"\n", 1)
+                    self._on_message(job, r, json.loads(line))
+            self._reap()
+
+    def _on_message(self, job: _Job, r: _Rank, msg: dict) -> None:
+        ev = msg.get("ev")
+        with self._lock:
+            if ev == "hello":
+                job.aware = True
+            elif ev == "profile" and r.rank == 0:
+                job.step = msg["step"]
+                self.events.put(AgentEvent("profile", job.id, msg))
+            elif ev == "done":
+                job.done = True
+                job.step = msg["step"]
+            elif ev == "started" and r.rank == 0:
+                self.events.put(AgentEvent("started", job.id, msg))
+            elif ev in ("suspended", "resumed", "checkpointed"):
+                job.replies[f"{ev}:{r.rank}"] = msg
+                job.acks.setdefault(f"{ev}:{r.rank}", threading.Event()).set()
+
+    def _reap(self) -> None:
+        with self._lock:
+            for job in list(self.jobs.values()):
+                if not job.ranks or all(r.exit is not None for r in job.ranks):
+                    continue
+                for r in job.ranks:
+                    if r.exit is None:
+                        r.exit = r.proc.poll()
+                codes = [r.exit for r in job.ranks]
+                if all(c is None for c in codes):
+                    continue
+                if job.stopping:
+                    if all(c is not None for c in codes):
+                        self._drop(job)
+                    continue
+                if all(c == 0 for c in codes):  # finished (or stopped early on its own)
+                    self._drop(job)
+                    self.ended.add(job.id)
+                    del self.jobs[job.id]
+                    self.events.put(AgentEvent("done", job.id, {"step": job.step}))
+                    continue
+                if any(c not in (None, 0) for c in codes) or all(c is not None for c in codes):
+                    self._crashed(job, codes)
+
+    def _crashed(self, job: _Job, codes: list[int | None]) -> None:
+        """A rank died unasked: stop the gang, restart it from its checkpoint or fail it."""
+        job.stopping = True
+        self._signal(job, signal.SIGKILL)
+        for r in job.ranks:
+            r.exit = r.proc.wait()
+        self._drop(job)
+        bad = next(c for c in [r.exit for r in job.ranks] if c != 0)
+        why = (f"killed by signal {-bad}" if bad < 0 else f"exited with status {bad}")
+        if job.restarts < self.max_restarts:
+            job.restarts += 1
+            self.events.put(AgentEvent("restarted", job.id, {"reason": why,
+                                                             "attempt": job.restarts + 1}))
+            fresh = _Job(job.id, job.launch, job.devices, restarts=job.restarts)
+            self.jobs[job.id] = fresh
+            self._spawn(fresh)
+            return
+        self._finish(job, f"{why} after {job.restarts} restarts; end of its log:\n"
+                          + self.log_tail(job.id))
+
+    def _finish(self, job: _Job, reason: str) -> None:
+        self.jobs.pop(job.id, None)
+        self.ended.add(job.id)
+        self.events.put(AgentEvent("failed", job.id, {"reason": reason}))
+
+    def _drop(self, job: _Job) -> None:
+        for r in job.ranks:
+            try:
+                self._sel.unregister(r.sock)
+            except (KeyError, ValueError):
+                pass
+            r.sock.close()
+
+    def _log(self, job: _Job, text: str) -> None:
+        with open(self.job_dir(job.id) / "rank0.log", "ab") as f:
+            f.write(f"--- gandiva: {text} ---\n".encode())
+
+    def log_tail(self, job_id: str, lines: int = LOG_TAIL_LINES) -> str:
+        path = self.job_dir(job_id) / "rank0.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,91 @@
+"""Checkpoint files: atomic to write, verified to read.
+
+A checkpoint is one file, ``ckpt-<step>.pt``: a header line with the SHA-256 of the payload,
+then the payload (``torch.save`` of a dict). It is written to a temporary name, flushed and
+fsynced, then renamed, and the directory fsynced, so a crash leaves either the old set of
+checkpoints or the new one, never half a file under a checkpoint's name. On reading, a file
+whose digest does not match (a torn copy, a bad disk) is renamed ``*.corrupt`` (kept for
+inspection, never deleted) and the previous checkpoint is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+MAGIC = b"GANDIVA-CKPT-1 "
+KEEP = 2  # the newest two: if the newest turns out corrupt, the one before is still there
+_NAME = re.compile(r"^ckpt-(\d{12})\.pt$")
+
+
+def _path(directory: Path, step: int) -> Path:
+    return directory / f"ckpt-{step:012d}.pt"
+
+
+def steps(directory: Path) -> list[int]:
+    """Steps of the checkpoints in ``directory``, newest first."""
+    if not directory.is_dir():
+        return []
+    found = [int(m[1]) for p in directory.iterdir() if (m := _NAME.match(p.name))]
+    return sorted(found, reverse=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(directory: Path, step: int, state: dict[str, Any]) -> Path:
+    """Write ``state`` as the checkpoint of ``step``, atomically; prune older ones."""
+    import torch
+
+    directory.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = buf.getbuffer()
+    digest = hashlib.sha256(payload).hexdigest().encode()
+    final = _path(directory, step)
+    tmp = directory / f".{final.name}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(MAGIC + digest + b"\n")
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(directory)
+    for old in steps(directory)[KEEP:]:
+        _path(directory, old).unlink(missing_ok=True)
+    return final
+
+
+def read(path: Path) -> dict[str, Any]:
+    """Load one checkpoint file; ``ValueError`` if it is not whole."""
+    import torch
+
+    data = path.read_bytes()
+    head, sep, payload = data.partition(b"\n")
+    if not sep or not head.startswith(MAGIC):
+        raise ValueError(f"{path}: not a gandiva checkpoint (bad header)")
+    if hashlib.sha256(payload).hexdigest().encode() != head[len(MAGIC):]:
+        raise ValueError(f"{path}: checksum mismatch (torn or corrupted file)")
+    return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+
+
+def latest(directory: Path) -> tuple[int, dict[str, Any]] | None:
+    """The newest checkpoint that reads back whole; corrupt ones are set aside."""
+    for step in steps(directory):
+        path = _path(directory, step)
+        try:
+            return step, read(path)
+        except (ValueError, OSError, RuntimeError, EOFError) as err:
+            print(f"gandiva: skipping checkpoint {path.name}: {err}", file=sys.stderr)
+            path.rename(path.with_name(path.name + ".corrupt"))
+    return None

@@ -1,0 +1,352 @@
+"""The job library: what a training script imports.
+
+    import gandiva.runtime.job as gj
+
+    job = gj.init()                                  # torchrun-style env: RANK, WORLD_SIZE...
+    model = Net().to(job.device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    job.register(model=model, optimizer=opt)         # anything with state_dict/load_state_dict
+    for step in job.steps(1000):                     # restores the latest checkpoint first
+        loss = train_one_batch(model, opt, batch(step))
+        job.report(samples=64, loss=loss.item())
+
+The script owns what is in its state; the scheduler owns where and when it runs. Each pass
+through ``steps`` is a mini-batch boundary, a safe point: the job checks its control channel
+(without blocking: microseconds) and obeys the agent:
+
+- ``suspend``: move the registered state to host memory, free device memory (the CUDA caching
+  allocator too), block; ``resume`` onto the device the agent names, maybe another one;
+- ``checkpoint``: write the state atomically to the job's checkpoint directory, then go on or
+  exit (migration, preemption, resize);
+- it reports mini-batch time, samples/s and memory, batched to one message a second.
+
+The data position is the step: a script draws its batch ``step`` from it (see ``examples/``),
+so that a job restored at step k sees exactly the batches an uninterrupted run sees. The RNG
+states (torch, Python, NumPy) travel in the checkpoint too.
+
+Without an agent (no ``GANDIVA_CONTROL_FD``), the same script runs on its own; it still
+checkpoints to ``GANDIVA_CHECKPOINT_DIR`` and restores from it, if that is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from gandiva.runtime import checkpoint
+
+REPORT_INTERVAL_S = 1.0  # profile messages are batched: one a second at most
+
+
+class Job:
+    """This process's view of its job (one rank of it)."""
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        env = dict(os.environ if env is None else env)
+        self.id = env.get("GANDIVA_JOB_ID", "standalone")
+        self.rank = int(env.get("RANK", "0"))
+        self.world_size = int(env.get("WORLD_SIZE", "1"))
+        self.local_rank = int(env.get("LOCAL_RANK", "0"))
+        self.threads = int(env.get("GANDIVA_THREADS", "1"))
+        ckpt = env.get("GANDIVA_CHECKPOINT_DIR")
+        self.checkpoint_dir = Path(ckpt) if ckpt else None
+        self.checkpoint_every_s = float(env.get("GANDIVA_CHECKPOINT_EVERY_S", "300"))
+        self.objects: dict[str, Any] = {}
+        self.step = 0
+        self.restored_from: int | None = None
+        self.metrics: dict[str, float] = {}
+        self._sock: socket.socket | None = None
+        self._buf = b""
+        fd = env.get("GANDIVA_CONTROL_FD")
+        if fd is not None:
+            self._sock = socket.socket(fileno=int(fd))
+            self._sock.setblocking(False)
+        self.device = self._use_device(env.get("GANDIVA_DEVICE", "cpu"))
+        self._pg = None
+        if self.world_size > 1:
+            self._init_distributed()
+        self._send(ev="hello", pid=os.getpid(), rank=self.rank)
+        self._window_start = time.perf_counter()
+        self._window_steps = 0
+        self._window_samples = 0
+        self._window_cpu = time.process_time()
+        self._last_ckpt = time.monotonic()
+
+    # ---- devices ------------------------------------------------------------------------
+    def _use_device(self, name: str):
+        """``cuda:N`` (a GPU), or ``cpu:S``: CPU slot S, standing in for a GPU, i.e. this
+        process pinned to ``threads`` cores of its own."""
+        import torch
+
+        kind, _, index = name.partition(":")
+        if kind == "cuda":
+            torch.cuda.set_device(int(index or 0))
+            return torch.device("cuda", int(index or 0))
+        torch.set_num_threads(self.threads)
+        if index and hasattr(os, "sched_setaffinity"):
+            cores = sorted(os.sched_getaffinity(0)) if not hasattr(self, "_cores") else self._cores
+            self._cores = cores
+            first = int(index) * self.threads
+            os.sched_setaffinity(0, {cores[(first + i) % len(cores)] for i in range(self.threads)})
+        return torch.device("cpu")
+
+    def _init_distributed(self) -> None:
+        import torch.distributed as dist
+
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
+        self._pg = dist
+
+    # ---- state --------------------------------------------------------------------------
+    def register(self, **objects: Any) -> None:
+        """Name what makes up the job's state: objects with ``state_dict``/``load_state_dict``."""
+        for name, obj in objects.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TypeError(f"register({name}=...): {type(obj).__name__} has no "
+                                "state_dict/load_state_dict; wrap it in an object that has")
+            self.objects[name] = obj
+
+    def state(self) -> dict[str, Any]:
+        import torch
+
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if "numpy" in sys.modules:
+            rng["numpy"] = sys.modules["numpy"].random.get_state()
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state()
+        return {"step": self.step, "world_size": self.world_size, "rng": rng,
+                "objects": {k: o.state_dict() for k, o in self.objects.items()}}
+
+    def load(self, state: dict[str, Any]) -> None:
+        import torch
+
+        missing = set(self.objects) - set(state["objects"])
+        if missing:
+            raise ValueError(f"checkpoint has no state for {sorted(missing)}; was the script "
+                             "changed to register other objects?")
+        for name, obj in self.objects.items():
+            obj.load_state_dict(state["objects"][name])
+        self.step = int(state["step"])
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        if "numpy" in rng and "numpy" in sys.modules:
+            sys.modules["numpy"].random.set_state(rng["numpy"])
+        if "cuda" in rng and self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"])
+
+    def restore(self) -> int | None:
+        """Load the newest whole checkpoint, if any; the step it was taken at."""
+        if self.checkpoint_dir is None:
+            return None
+        found = checkpoint.latest(self.checkpoint_dir)
+        if found is None:
+            return None
+        self.load(found[1])
+        self.restored_from = found[0]
+        return found[0]
+
+    def save(self) -> Path | None:
+        """Write a checkpoint of this step (rank 0 writes; the others wait for it)."""
+        path = None
+        if self.checkpoint_dir is not None and self.rank == 0:
+            path = checkpoint.save(self.checkpoint_dir, self.step, self.state())
+        if self._pg is not None:
+            self._pg.barrier()
+        self._last_ckpt = time.monotonic()
+        return path
+
+    # ---- the loop -----------------------------------------------------------------------
+    def steps(self, total: int) -> Iterator[int]:
+        """Mini-batch indices from the restored step to ``total``; a safe point between each."""
+        self.restore()
+        self._send(ev="started", step=self.step, restored=self.restored_from)
+        while self.step < total:
+            yield self.step
+            self.step += 1
+            self._window_steps += 1
+            self._boundary()
+        self._flush_report(force=True)
+        if self.checkpoint_dir is not None:
+            self.save()
+        self._send(ev="done", step=self.step)
+
+    def report(self, samples: int = 0, **metrics: float) -> None:
+        """Count ``samples`` for the throughput and keep the latest ``metrics`` (e.g. loss)."""
+        self._window_samples += samples
+        self.metrics.update({k: float(v) for k, v in metrics.items()})
+
+    def _boundary(self) -> None:
+        self._flush_report()
+        command = self._poll()
+        due = time.monotonic() - self._last_ckpt >= self.checkpoint_every_s
+        if self._pg is not None:  # the ranks of a gang act at the same boundary
+            command, due = self._agree(command, due)
+        if command is None and due:
+            command = {"op": "checkpoint", "exit": False, "periodic": True}
+        while command is not None:
+            command = self._obey(command)
+
+    def _obey(self, command: dict[str, Any]) -> dict[str, Any] | None:
+        op = command["op"]
+        if op == "checkpoint":
+            path = self.save()
+            if not command.get("periodic"):
+                self._send(ev="checkpointed", step=self.step, path=str(path) if path else None)
+            if command.get("exit"):
+                self._close()
+                os._exit(0)
+            return None
+        if op == "suspend":
+            t0 = time.perf_counter()
+            self._to("cpu")
+            self._send(ev="suspended", step=self.step, seconds=time.perf_counter() - t0)
+            command = self._wait()  # blocked until the agent says what next
+            if command["op"] == "resume":
+                t0 = time.perf_counter()
+                self.device = self._use_device(command["device"])
+                self._to(self.device)
+                self._send(ev="resumed", step=self.step, device=command["device"],
+                           seconds=time.perf_counter() - t0)
+                self._window_start = time.perf_counter()
+                self._window_steps = self._window_samples = 0
+                self._window_cpu = time.process_time()
+                return None
+            return command
+        raise ValueError(f"unknown command {op!r}")
+
+    def _to(self, device) -> None:
+        """Move the registered state between the device and host memory."""
+        import torch
+
+        if self.device.type != "cuda" and str(device) in ("cpu", "cpu:0"):
+            return  # CPU slots: the state is in host memory already
+        for obj in self.objects.values():
+            if isinstance(obj, torch.nn.Module):
+                obj.to(device)
+            elif isinstance(obj, torch.optim.Optimizer):
+                for per_param in obj.state.values():
+                    for k, v in per_param.items():
+                        if torch.is_tensor(v) and k != "step":
+                            per_param[k] = v.to(device)
+        if str(device).startswith("cpu") and torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+    # ---- the channel --------------------------------------------------------------------
+    def _send(self, **msg: Any) -> None:
+        if self._sock is None:
+            return
+        data = (json.dumps(msg) + "\n").encode()
+        self._sock.setblocking(True)
+        try:
+            self._sock.sendall(data)
+        except OSError:
+            self._agent_gone()
+        finally:
+            self._sock.setblocking(False)
+
+    def _poll(self) -> dict[str, Any] | None:
+        if self._sock is None:
+            return None
+        if b"\n" not in self._buf:
+            try:
+                chunk = self._sock.recv(65536)
+            except BlockingIOError:
+                return None
+            except OSError:
+                self._agent_gone()
+            if not chunk:
+                self._agent_gone()
+            self._buf += chunk
+        if b"\n" not in self._buf:
+            return None
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def _wait(self) -> dict[str, Any]:
+        while True:
+            command = self._poll()
+            if command is not None:
+                return command
+            self._sock.setblocking(True)
+            try:
+                chunk = self._sock.recv(65536)
+            finally:
+                self._sock.setblocking(False)
+            if not chunk:
+                self._agent_gone()
+            self._buf += chunk
+
+    def _agree(self, command: dict[str, Any] | None, due: bool):
+        """All ranks act at the same boundary: if any rank has a command, all wait for theirs
+        (the agent sends it to every rank); if any rank's checkpoint is due, all take it."""
+        import torch
+
+        flag = torch.tensor([command is not None, due], dtype=torch.int32)
+        self._pg.all_reduce(flag, op=self._pg.ReduceOp.MAX)
+        if flag[0].item() and command is None:
+            command = self._wait()
+        return command, bool(flag[1].item())
+
+    def _agent_gone(self) -> None:
+        # the agent died: stop here; the work since the last checkpoint is what is lost
+        print("gandiva: agent channel closed; exiting", file=sys.stderr)
+        os._exit(3)
+
+    def _close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+
+    def _flush_report(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        elapsed = now - self._window_start
+        if self._sock is None or not self._window_steps or (
+                elapsed < REPORT_INTERVAL_S and not force):
+            return
+        cpu = time.process_time() - self._window_cpu
+        self._send(ev="profile", step=self.step, mini_batch_time=elapsed / self._window_steps,
+                   samples_per_s=self._window_samples / elapsed if elapsed else 0.0,
+                   memory_gb=self._memory_gb(), utilization=self._utilization(cpu, elapsed),
+                   metrics=self.metrics)
+        self._window_start = now
+        self._window_steps = self._window_samples = 0
+        self._window_cpu = time.process_time()
+
+    def _memory_gb(self) -> float:
+        import torch
+
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**30
+        # Linux reports ru_maxrss in KiB
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+    def _utilization(self, cpu_s: float, wall_s: float) -> float:
+        """CPU slots: the share of the window this process computed (over its threads)."""
+        import torch
+
+        if self.device.type == "cuda":
+            try:
+                return torch.cuda.utilization(self.device) / 100.0
+            except Exception:  # no NVML: unknown, report full
+                return 1.0
+        return min(1.0, cpu_s / (wall_s * self.threads)) if wall_s else 0.0
+
+
+_job: Job | None = None
+
+
+def init() -> Job:
+    """This process's job, created on first call from the environment the agent set."""
+    global _job
+    if _job is None:
+        _job = Job()
+    return _job

@@ -1,0 +1,237 @@
+"""The ``local`` backend: the scheduler core and a policy driving real jobs on this machine.
+
+The same loop as the simulator (``scheduler.Scheduler``), on a wall clock: arrivals at their
+submit times, the policy's timers (``Wake``), and what the agent sees (profile samples,
+completions, failures) become events; the policy's actions are carried out by the agent on real
+processes. A machine with GPUs gives one device per GPU; one without gives CPU slots that stand
+in for GPUs (one core each by default), so that the whole system runs anywhere.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import queue
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gandiva import actions as A
+from gandiva import events as E
+from gandiva.runtime.agent import Agent, AgentEvent, Launch
+from gandiva.scheduler import Scheduler
+from gandiva.spec import JobSpec
+from gandiva.state import GPU, Cluster, JobStatus, Node
+
+
+def detect_devices(slots: int | None = None, threads: int = 1) -> tuple[list[str], str, float]:
+    """This machine's devices: (names, type, memory per device in GB)."""
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    except ImportError:
+        gpus = 0
+    if gpus:
+        n = min(gpus, slots) if slots else gpus
+        props = torch.cuda.get_device_properties(0)
+        kind = props.name.replace("NVIDIA", "").split()[0].upper()
+        return [f"cuda:{i}" for i in range(n)], kind, props.total_memory / 2**30
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    n = slots or max(1, (cores or 1) // threads)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return [f"cpu:{i}" for i in range(n)], "CPU", ram / n
+
+
+def one_node(devices: list[str], kind: str, memory_gb: float) -> Cluster:
+    gpus = [GPU(i, 0, i, 0, kind, memory_gb) for i in range(len(devices))]
+    return Cluster([Node(0, 0, [g.id for g in gpus])], gpus)
+
+
+@dataclass
+class JobRecord:
+    spec: JobSpec
+    submit: float
+    start: float | None = None
+    first_feedback: float | None = None  # when it had done ``feedback_steps`` mini-batches
+    finish: float | None = None
+    status: str = "queued"
+    reason: str = ""
+    steps: int = 0
+    restarts: int = 0
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass
+class LocalResult:
+    policy: str
+    devices: list[str]
+    jobs: list[JobRecord]
+    actions: list[tuple[float, A.Action, float]]  # (time, action, seconds it took)
+    timeline: list[tuple[int, str, float, float, bool]]  # (device, job, start, end, shared)
+    span: tuple[float, float]
+
+    def busy_device_seconds(self) -> float:
+        seen: dict[tuple[int, float, float], None] = {}
+        for dev, _, s, e, _ in self.timeline:
+            seen[(dev, s, e)] = None
+        return sum(e - s for _, s, e in seen)
+
+
+class LocalBackend:
+    """Runs ``jobs`` (spec, launch) under ``policy`` on this machine; ``run()`` blocks until
+    every job has finished or failed."""
+
+    def __init__(self, policy, workdir: Path, slots: int | None = None, threads: int = 1,
+                 checkpoint_every_s: float = 300.0, feedback_steps: int = 100,
+                 max_restarts: int | None = None) -> None:
+        devices, kind, memory = detect_devices(slots, threads)
+        self.devices = devices
+        self.cluster = one_node(devices, kind, memory)
+        self.policy = policy
+        extra = {} if max_restarts is None else {"max_restarts": max_restarts}
+        self.agent = Agent(workdir, devices, threads=threads,
+                           checkpoint_every_s=checkpoint_every_s, **extra)
+        self.scheduler = Scheduler(self.cluster, policy, self)
+        self.feedback_steps = feedback_steps
+        self.launches: dict[str, Launch] = {}
+        self.records: dict[str, JobRecord] = {}
+        self.pending: list[tuple[float, int, JobSpec]] = []
+        self.wakes: list[float] = []
+        self.actions: list[tuple[float, A.Action, float]] = []
+        self._open: dict[tuple[int, str], float] = {}
+        self._shared: dict[tuple[int, str], bool] = {}
+        self.timeline: list[tuple[int, str, float, float, bool]] = []
+        self.t0 = time.monotonic()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def submit(self, spec: JobSpec, launch: Launch) -> None:
+        if spec.num_gpus > len(self.devices):
+            raise ValueError(f"job {spec.id!r}: num_gpus={spec.num_gpus} but this machine has "
+                             f"{len(self.devices)} devices; ask for at most that many")
+        if spec.id in self.launches:
+            raise ValueError(f"job {spec.id!r} submitted twice; give each job its own id")
+        self.launches[spec.id] = launch
+        self.records[spec.id] = JobRecord(spec, spec.submit_time)
+        heapq.heappush(self.pending, (spec.submit_time, len(self.launches), spec))
+
+    # ---- the loop -----------------------------------------------------------------------
+    def run(self, timeout: float | None = None) -> LocalResult:
+        self.t0 = time.monotonic()
+        try:
+            while any(r.status not in ("done", "failed") for r in self.records.values()):
+                if timeout is not None and self.now() > timeout:
+                    raise TimeoutError(f"jobs still running after {timeout:.0f} s")
+                self._step()
+        finally:
+            self.agent.close()
+        self._close_segments()
+        return LocalResult(self.policy.name, self.devices, list(self.records.values()),
+                           self.actions, self.timeline, (0.0, self.now()))
+
+    def _step(self) -> None:
+        deadlines = [self.pending[0][0]] if self.pending else []
+        if self.wakes:
+            deadlines.append(self.wakes[0])
+        wait = max(0.0, min([0.5, *(d - self.now() for d in deadlines)]))
+        try:
+            self._on_agent(self.agent.events.get(timeout=wait))
+        except queue.Empty:
+            pass
+        while self.pending and self.pending[0][0] <= self.now():
+            _, _, spec = heapq.heappop(self.pending)
+            self.records[spec.id].submit = self.now()
+            self._handle(E.Arrival(self.now(), spec))
+        if self.wakes and self.wakes[0] <= self.now():
+            while self.wakes and self.wakes[0] <= self.now():
+                heapq.heappop(self.wakes)
+            self._handle(E.Tick(self.now()))
+
+    def _on_agent(self, ev: AgentEvent) -> None:
+        rec = self.records.get(ev.job_id)
+        if rec is None:
+            return
+        now = self.now()
+        if ev.kind == "profile":
+            d = ev.data
+            rec.steps = d["step"]
+            rec.metrics.update(d.get("metrics") or {})
+            if rec.first_feedback is None and rec.steps >= self.feedback_steps:
+                rec.first_feedback = now
+            job = self.cluster.jobs.get(ev.job_id)
+            if job is not None and job.status is JobStatus.RUNNING:
+                self._handle(E.ProfileSample(now, ev.job_id, d["mini_batch_time"],
+                                             d["memory_gb"], d["utilization"], d["step"]))
+        elif ev.kind == "restarted":
+            rec.restarts += 1
+        elif ev.kind in ("done", "failed"):
+            rec.finish = now
+            rec.status = "done" if ev.kind == "done" else "failed"
+            rec.reason = ev.data.get("reason", "")
+            if ev.kind == "done":
+                rec.steps = ev.data.get("step", rec.steps)
+                if rec.first_feedback is None:
+                    rec.first_feedback = now
+            if self.cluster.jobs.get(ev.job_id) is not None:
+                self._handle(E.Departure(now, ev.job_id))
+
+    def _handle(self, event: E.Event) -> None:
+        self.scheduler.handle(event)
+        self._track()
+
+    # ---- the body -----------------------------------------------------------------------
+    def execute(self, action: A.Action, cluster: Cluster) -> None:
+        t = time.perf_counter()
+        agent = self.agent
+        if isinstance(action, A.Wake):
+            heapq.heappush(self.wakes, action.time)
+            return
+        job = action.job_id
+        if job in agent.ended:
+            return  # it finished meanwhile; its Departure is on its way
+        if isinstance(action, A.Place):
+            agent.start(job, self.launches[job], action.gpus)
+            self.records[job].start = self.records[job].start or self.now()
+            self.records[job].status = "running"
+        elif isinstance(action, (A.Resume, A.Pack)):
+            if job in agent.jobs:
+                agent.resume(job, action.gpus)
+            else:  # packed before it ever ran
+                agent.start(job, self.launches[job], action.gpus)
+                self.records[job].start = self.records[job].start or self.now()
+            self.records[job].status = "running"
+        elif isinstance(action, (A.Suspend, A.Unpack)):
+            agent.suspend(job)
+            self.records[job].status = "suspended"
+        elif isinstance(action, (A.Migrate, A.Grow, A.Shrink)):
+            agent.restart(job, action.gpus)
+        elif isinstance(action, A.Kill):
+            agent.kill(job)
+            self.records[job].status = "failed"
+            self.records[job].reason = "killed"
+            self.records[job].finish = self.now()
+        self.actions.append((self.now(), action, time.perf_counter() - t))
+
+    # ---- the timeline -------------------------------------------------------------------
+    def _track(self) -> None:
+        now = self.now()
+        live = {}
+        for gpu in self.cluster.gpus:
+            for j in gpu.jobs:
+                live[(gpu.id, j)] = len(gpu.jobs) > 1
+        for key in list(self._open):
+            if key not in live:
+                start = self._open.pop(key)
+                self.timeline.append((key[0], key[1], start, now, self._shared.pop(key, False)))
+        for key, shared in live.items():
+            self._open.setdefault(key, now)
+            if shared:
+                self._shared[key] = True
+
+    def _close_segments(self) -> None:
+        now = self.now()
+        for key, start in self._open.items():
+            self.timeline.append((key[0], key[1], start, now, self._shared.get(key, False)))
+        self._open.clear()
