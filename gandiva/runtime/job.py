@@ -164,6 +164,34 @@ class Job:
         self._last_ckpt = time.monotonic()
         return path
 
+    # ---- data parallelism that survives resizing ------------------------------------------
+    def shards(self, count: int) -> range:
+        """Which of the ``count`` fixed shards of a global batch this rank computes."""
+        return range(self.rank, count, self.world_size)
+
+    def sum_shards(self, parts: dict[int, Any], count: int):
+        """The sum over all ranks of per-shard tensors (``parts``: shard -> tensor), added in
+        shard order. Unlike an all-reduce, whose order depends on the number of ranks, this
+        gives bit-identical results at any width: what makes grow and shrink exact."""
+        import torch
+
+        mine = [parts[s] for s in self.shards(count)]
+        if self._pg is None:
+            ordered = mine
+        else:
+            per_rank = -(-count // self.world_size)
+            local = torch.zeros(per_rank, *mine[0].shape, dtype=mine[0].dtype,
+                                device=mine[0].device)
+            for i, t in enumerate(mine):
+                local[i] = t
+            gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+            self._pg.all_gather(gathered, local)
+            ordered = [gathered[s % self.world_size][s // self.world_size] for s in range(count)]
+        total = ordered[0].clone()
+        for t in ordered[1:]:
+            total += t
+        return total
+
     # ---- the loop -----------------------------------------------------------------------
     def steps(self, total: int) -> Iterator[int]:
         """Mini-batch indices from the restored step to ``total``; a safe point between each."""

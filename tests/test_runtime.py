@@ -1,0 +1,222 @@
+"""The job library and the node agent, on real PyTorch training processes (CPU slots)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gandiva.runtime import checkpoint  # noqa: E402
+from gandiva.runtime.agent import Agent, AgentError, Launch  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def launch(script: str, *args: str) -> Launch:
+    return Launch(["{python}", str(EXAMPLES / script), *args])
+
+
+def reference(tmp: Path, script: str, *args: str) -> dict:
+    """The final state of the same job run alone, uninterrupted."""
+    ckpt = tmp / "reference"
+    env = {**os.environ, **ENV, "GANDIVA_CHECKPOINT_DIR": str(ckpt),
+           "GANDIVA_CHECKPOINT_EVERY_S": "1e9"}
+    env.pop("GANDIVA_CONTROL_FD", None)
+    subprocess.run([sys.executable, str(EXAMPLES / script), *args], env=env, check=True,
+                   capture_output=True, timeout=120)
+    return checkpoint.latest(ckpt)[1]
+
+
+def final_state(agent: Agent, job_id: str) -> dict:
+    return checkpoint.latest(agent.checkpoint_dir(job_id))[1]
+
+
+def assert_identical(a: dict, b: dict) -> None:
+    assert a["step"] == b["step"]
+    for name in a["objects"]:
+        flat_a, flat_b = flatten(a["objects"][name]), flatten(b["objects"][name])
+        assert flat_a.keys() == flat_b.keys()
+        for k in flat_a:
+            if torch.is_tensor(flat_a[k]):
+                assert torch.equal(flat_a[k], flat_b[k]), f"{name}.{k} differs"
+            else:
+                assert flat_a[k] == flat_b[k], f"{name}.{k} differs"
+
+
+def flatten(obj, prefix: str = "") -> dict:
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    if isinstance(obj, (list, tuple)):
+        return flatten(dict(enumerate(obj)), prefix)
+    return {prefix: obj}
+
+
+def wait_for(agent: Agent, kind: str, job_id: str, timeout: float = 120.0, seen=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ev = agent.events.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        if seen is not None:
+            seen.append(ev)
+        if ev.job_id == job_id and ev.kind == kind:
+            return ev
+        if ev.job_id == job_id and ev.kind == "failed":
+            raise AssertionError(ev.data["reason"])
+    raise AssertionError(f"no {kind!r} event for {job_id} within {timeout} s")
+
+
+@pytest.fixture
+def agent(tmp_path):
+    a = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=1e9)
+    yield a
+    a.close()
+
+
+def started(agent: Agent, job_id: str, **kw):
+    ev = wait_for(agent, "started", job_id, **kw)
+    return ev.data
+
+
+# ---- checkpoints ---------------------------------------------------------------------------
+
+def test_checkpoint_is_verified_and_a_corrupt_one_is_set_aside(tmp_path):
+    for step in (10, 20, 30):
+        checkpoint.save(tmp_path, step, {"w": torch.full((4,), float(step))})
+    assert checkpoint.steps(tmp_path) == [30, 20]  # only the newest two are kept
+    newest = tmp_path / "ckpt-000000000030.pt"
+    data = bytearray(newest.read_bytes())
+    data[-5] ^= 0xFF  # one flipped bit in the payload
+    newest.write_bytes(bytes(data))
+    step, state = checkpoint.latest(tmp_path)
+    assert step == 20 and torch.equal(state["w"], torch.full((4,), 20.0))
+    assert (tmp_path / "ckpt-000000000030.pt.corrupt").exists()
+    # a torn (truncated) file is refused too
+    path = tmp_path / "ckpt-000000000020.pt"
+    path.write_bytes(path.read_bytes()[:40])
+    assert checkpoint.latest(tmp_path) is None
+
+
+# ---- the agent and the library -------------------------------------------------------------
+
+def test_suspended_resumed_moved_and_restarted_job_ends_bit_identical(agent, tmp_path):
+    args = ("--steps", "1000", "--seed", "3")
+    ref = reference(tmp_path, "cnn.py", *args)
+    agent.start("j", launch("cnn.py", *args), (0,))
+    started(agent, "j")
+    for i in range(6):  # suspend and resume, alternating slots
+        time.sleep(0.1)
+        agent.suspend("j")
+        assert agent.jobs["j"].suspended and not agent.jobs["j"].signalled  # by the library
+        agent.resume("j", ((i + 1) % 2,))
+    agent.restart("j", (0,))  # checkpoint, stop, start again: migration's path
+    restored = started(agent, "j")["restored"]
+    assert restored is not None and restored > 0
+    agent.suspend("j")
+    agent.resume("j", (1,))
+    wait_for(agent, "done", "j")
+    assert_identical(final_state(agent, "j"), ref)
+
+
+def test_elastic_job_shrunk_then_grown_ends_bit_identical(agent, tmp_path):
+    args = ("--steps", "400", "--seed", "1")
+    ref = reference(tmp_path, "elastic_mlp.py", *args)  # 1 rank throughout
+    agent.start("e", launch("elastic_mlp.py", *args), (0, 1))  # 2 ranks
+    assert started(agent, "e")["restored"] is None
+    time.sleep(0.5)
+    agent.restart("e", (0,))  # shrink to one rank
+    first = started(agent, "e")["restored"]
+    time.sleep(0.5)
+    agent.restart("e", (0, 1))  # grow back to two
+    second = started(agent, "e")["restored"]
+    assert 0 < first <= second < 400
+    agent.suspend("e")  # a gang is suspended and resumed whole, both ranks at one boundary
+    assert agent.jobs["e"].suspended and not agent.jobs["e"].signalled
+    agent.resume("e", (1, 0))
+    wait_for(agent, "done", "e")
+    assert_identical(final_state(agent, "e"), ref)
+
+
+def test_sigkill_loses_only_the_work_since_the_last_checkpoint(tmp_path):
+    args = ("--steps", "2000", "--seed", "5")
+    ref = reference(tmp_path, "cnn.py", *args)
+    agent = Agent(tmp_path / "agent", ["cpu:0"], checkpoint_every_s=0.5)
+    try:
+        agent.start("k", launch("cnn.py", *args), (0,))
+        started(agent, "k")
+        deadline = time.monotonic() + 60
+        while not checkpoint.steps(agent.checkpoint_dir("k")):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        pid = agent.jobs["k"].ranks[0].proc.pid
+        os.kill(pid, signal.SIGSTOP)  # freeze it, so no checkpoint lands after we look
+        last = checkpoint.steps(agent.checkpoint_dir("k"))[0]
+        os.kill(pid, signal.SIGKILL)
+        seen: list = []
+        wait_for(agent, "restarted", "k", seen=seen)
+        assert "signal 9" in seen[-1].data["reason"]
+        assert started(agent, "k")["restored"] == last
+        wait_for(agent, "done", "k")
+        assert_identical(final_state(agent, "k"), ref)
+    finally:
+        agent.close()
+
+
+def test_crashing_script_fails_with_its_error_and_the_agent_survives(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import gandiva.runtime.job as gj\n"
+                   "job = gj.init()\n"
+                   "for step in job.steps(100):\n"
+                   "    if step == 3:\n"
+                   "        raise ZeroDivisionError('the script divided by zero')\n")
+    agent = Agent(tmp_path / "agent", ["cpu:0"], max_restarts=1)
+    try:
+        agent.start("bad", Launch(["{python}", str(bad)]), (0,))
+        seen: list = []
+        with pytest.raises(AssertionError, match="the script divided by zero") as err:
+            wait_for(agent, "done", "bad", seen=seen)
+        assert "after 1 restarts" in str(err.value)
+        assert [e.kind for e in seen if e.job_id == "bad"].count("restarted") == 1
+        agent.start("missing", Launch(["/no/such/program"]), (0,))
+        with pytest.raises(AssertionError, match="cannot start '/no/such/program'"):
+            wait_for(agent, "done", "missing")
+        with pytest.raises(AgentError, match="no job 'ghost'"):
+            agent.suspend("ghost")
+        agent.start("ok", launch("cnn.py", "--steps", "20"), (0,))  # the agent still works
+        wait_for(agent, "done", "ok")
+    finally:
+        agent.close()
+
+
+def test_unmodified_script_is_time_sliced_with_signals(agent, tmp_path):
+    out = tmp_path / "count.txt"
+    plain = tmp_path / "plain.py"
+    plain.write_text("import sys, time\n"
+                     "for i in range(200):\n"
+                     "    open(sys.argv[1], 'w').write(str(i))\n"
+                     "    time.sleep(0.01)\n")
+    agent.start("p", Launch(["{python}", str(plain), str(out)]), (0,))
+    while not out.exists() or not out.read_text():
+        time.sleep(0.05)
+    agent.suspend("p")
+    assert agent.jobs["p"].signalled  # it never spoke the library's protocol
+    time.sleep(0.2)
+    frozen = out.read_text()
+    time.sleep(0.5)
+    assert out.read_text() == frozen
+    agent.resume("p", (0,))
+    wait_for(agent, "done", "p")
+    assert out.read_text() == "199"
