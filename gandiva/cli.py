@@ -172,6 +172,81 @@ def check_models(trace: Any) -> None:
 
 
 @app.command()
+def demo(
+    jobs: Annotated[int | None, typer.Option(help="Configurations to try (default: 3 per "
+                                             "device)")] = None,
+    slots: Annotated[int | None, typer.Option(help="Devices to use (default: every GPU, or "
+                                              "one CPU slot per core)")] = None,
+    steps: Annotated[int, typer.Option(help="Mini-batches per job")] = 1500,
+    quantum: Annotated[float, typer.Option(help="gandiva's time slice, seconds")] = 5.0,
+    policy: Annotated[str, typer.Option(help="Comma-separated policies to compare")]
+    = "fifo,gandiva",
+    out: Annotated[Path, typer.Option(help="Directory for job logs, checkpoints and plots")]
+    = Path("demo-out"),
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write results as JSON")]
+    = None,
+) -> None:
+    """Run a hyper-parameter search of real PyTorch jobs on this machine, once per policy."""
+    from gandiva.policies import make_policy
+    from gandiva.report import plot_timeline
+    from gandiva.runtime.demo import DemoConfig, examples_dir, policy_spec, run_demo
+
+    cfg = DemoConfig(jobs=jobs, slots=slots, steps=steps, quantum=quantum,
+                     policies=tuple(p.strip() for p in policy.split(",") if p.strip()),
+                     feedback_steps=max(1, steps // 10))
+    if (jobs is not None and jobs < 1) or (slots is not None and slots < 1) or steps < 1:
+        raise fail("--jobs, --slots and --steps must be at least 1")
+    if quantum <= 0:
+        raise fail("--quantum must be positive (seconds)")
+    try:
+        examples_dir()
+        for p in cfg.policies:
+            make_policy(policy_spec(p, cfg))
+    except (ValueError, FileNotFoundError) as e:
+        raise fail(str(e)) from None
+
+    def started(spec: str, n: int, devices: list[str]) -> None:
+        console.print(f"[bold]{spec}[/]: {n} jobs on {len(devices)} devices "
+                      f"({', '.join(devices)}) ...")
+
+    results = run_demo(cfg, out.resolve(), on_start=started)
+    table = Table(title=f"hyper-parameter search: {cfg.steps} mini-batches per job; first "
+                        f"feedback = {cfg.feedback_steps} mini-batches done")
+    table.add_column("metric")
+    for spec in results:
+        table.add_column(spec, justify="right")
+    rows = [("jobs done", "done", "{:.0f}"), ("jobs failed", "failed", "{:.0f}"),
+            ("mean time to first feedback", "mean_first_feedback_s", "{:.1f} s"),
+            ("worst time to first feedback", "max_first_feedback_s", "{:.1f} s"),
+            ("mean JCT", "mean_jct_s", "{:.1f} s"), ("makespan", "makespan_s", "{:.1f} s"),
+            ("device utilisation", "utilization", "{:.0%}"), ("suspends", "suspends", "{:.0f}"),
+            ("mean suspend latency", "mean_suspend_s", "{:.3f} s"),
+            ("packs / unpacks", None, None)]
+    for label, key, form in rows:
+        if key is None:
+            table.add_row(label, *(f"{s['packs']} / {s['unpacks']}" for _, s in results.values()))
+            continue
+        table.add_row(label, *("-" if s[key] is None else form.format(s[key])
+                               for _, s in results.values()))
+    console.print(table)
+    for i, (spec, (res, _)) in enumerate(results.items()):
+        png = out / f"timeline_{i}_{spec.split(':')[0]}.png"
+        plot_timeline(spec, res, png, device="CPU slot" if res.devices[0].startswith("cpu")
+                      else "GPU", unit=1.0)
+        console.print(f"timeline: {png}")
+    for spec, (res, _) in results.items():
+        for j in res.jobs:
+            if j.status != "done":
+                console.print(f"[red]{spec}: job {j.spec.id} "
+                              f"failed:[/] {escape(j.reason)}")
+    if json_path is not None:
+        _write_json_atomic(json_path, {spec: s for spec, (_, s) in results.items()})
+        console.print(f"json: {json_path}")
+    if any(s["failed"] for _, s in results.values()):
+        raise typer.Exit(1)
+
+
+@app.command()
 def traces() -> None:
     """List the bundled traces."""
     from gandiva.traces import bundled_traces

@@ -89,8 +89,10 @@ def plot_series(results: dict[str, SimResult], path: Path, points: int) -> None:
     plt.close(fig)
 
 
-def plot_timeline(name: str, res: SimResult, path: Path) -> None:
-    """One row per GPU, one coloured bar per job segment; hatched where the GPU is shared."""
+def plot_timeline(name: str, res: SimResult, path: Path, device: str = "GPU",
+                  unit: float = 60.0) -> None:
+    """One row per GPU, one coloured bar per job segment; hatched where the GPU is shared.
+    ``unit``: seconds per unit of the time axis (60: minutes, 1: seconds)."""
     gpus = sorted({seg[0] for seg in res.timeline})
     row = {g: i for i, g in enumerate(gpus)}
     jobs = sorted({seg[1] for seg in res.timeline})
@@ -99,12 +101,16 @@ def plot_timeline(name: str, res: SimResult, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, max(2.5, 0.25 * len(gpus) + 1)))
     t0 = res.span[0]
     for gpu, job, start, end, shared in res.timeline:
-        ax.broken_barh([((start - t0) / 60, max((end - start) / 60, 1e-3))], (row[gpu] - 0.4, 0.8),
-                       facecolors=color[job], hatch="//" if shared else None, edgecolor="none")
+        # jobs sharing a GPU are drawn in two half-height lanes so that both show
+        y, h = ((row[gpu] - 0.4 + 0.4 * (jobs.index(job) % 2), 0.4) if shared
+                else (row[gpu] - 0.4, 0.8))
+        ax.broken_barh([((start - t0) / unit, max((end - start) / unit, 1e-3))], (y, h),
+                       facecolors=color[job], hatch="//" if shared else None,
+                       edgecolor="white", linewidth=0.5)
     ax.set_yticks(range(len(gpus)))
-    ax.set_yticklabels([f"GPU {g}" for g in gpus], fontsize=7)
-    ax.set_xlabel("minutes since first submission")
-    ax.set_title(f"GPU timeline: {name}")
+    ax.set_yticklabels([f"{device} {g}" for g in gpus], fontsize=7)
+    ax.set_xlabel(f"{'minutes' if unit == 60 else 'seconds'} since first submission")
+    ax.set_title(f"{device} timeline: {name}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

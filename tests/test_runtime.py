@@ -220,3 +220,32 @@ def test_unmodified_script_is_time_sliced_with_signals(agent, tmp_path):
     agent.resume("p", (0,))
     wait_for(agent, "done", "p")
     assert out.read_text() == "199"
+
+
+# ---- the local backend: the scheduler core and a policy driving real jobs ------------------
+
+def test_local_backend_time_slices_real_jobs_and_each_ends_as_if_alone(tmp_path):
+    from gandiva import actions as A
+    from gandiva.policies import make_policy
+    from gandiva.runtime.local import LocalBackend
+    from gandiva.spec import JobSpec
+
+    backend = LocalBackend(make_policy("gandiva:quantum=1:-pack"), tmp_path / "run", slots=2,
+                           feedback_steps=50)
+    args = {f"j{i}": ("--steps", "1500", "--seed", str(i), "--lr", "0.02") for i in range(3)}
+    for jid, a in args.items():
+        backend.submit(JobSpec(jid, 0.0, 1, "cnn", mini_batches=1500), launch("cnn.py", *a))
+    with pytest.raises(ValueError, match="num_gpus=3 but this machine has 2 devices"):
+        backend.submit(JobSpec("wide", 0.0, 3, "cnn"), launch("cnn.py"))
+    result = backend.run(timeout=300)
+    assert [j.status for j in result.jobs] == ["done"] * 3
+    kinds = {type(a) for _, a, _ in result.actions}
+    assert A.Suspend in kinds and A.Resume in kinds  # 3 jobs on 2 slots: time-sliced
+    assert all(j.first_feedback is not None and j.first_feedback <= j.finish for j in result.jobs)
+    # no slot ever ran two jobs at once (packing is off)
+    for dev in (0, 1):
+        segs = sorted((s, e) for d, _, s, e, _ in result.timeline if d == dev)
+        assert all(a[1] <= b[0] + 1e-6 for a, b in zip(segs, segs[1:], strict=False))
+    for jid, a in args.items():
+        ref = reference(tmp_path / jid, "cnn.py", *a)
+        assert_identical(checkpoint.latest(backend.agent.checkpoint_dir(jid))[1], ref)

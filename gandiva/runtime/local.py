@@ -72,10 +72,16 @@ class LocalResult:
     span: tuple[float, float]
 
     def busy_device_seconds(self) -> float:
-        seen: dict[tuple[int, float, float], None] = {}
-        for dev, _, s, e, _ in self.timeline:
-            seen[(dev, s, e)] = None
-        return sum(e - s for _, s, e in seen)
+        """Device-seconds with at least one job on the device (shared time counted once)."""
+        total = 0.0
+        for dev in {seg[0] for seg in self.timeline}:
+            end = float("-inf")
+            for _, _, s, e, _ in sorted((g for g in self.timeline if g[0] == dev),
+                                        key=lambda g: g[2]):
+                if e > end:
+                    total += e - max(s, end)
+                    end = e
+        return total
 
 
 class LocalBackend:
