@@ -95,13 +95,17 @@ class Agent:
 
     def __init__(self, workdir: Path, devices: list[str], threads: int = 1,
                  max_restarts: int = MAX_RESTARTS, checkpoint_every_s: float = 300.0,
-                 python: str = sys.executable) -> None:
+                 python: str = sys.executable, warm_pool: int | None = None) -> None:
         self.workdir = Path(workdir)
         self.devices = devices  # e.g. ["cpu:0", "cpu:1"] or ["cuda:0", "cuda:1"]
         self.threads = threads
         self.max_restarts = max_restarts
         self.checkpoint_every_s = checkpoint_every_s
         self.python = python
+        # warm processes kept ready: one per device, up to 4 (each holds ~150 MB of memory)
+        self.warm_pool = min(len(devices), 4) if warm_pool is None else warm_pool
+        self._pool: list[tuple[subprocess.Popen, socket.socket, int]] = []
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.events: queue.Queue[AgentEvent] = queue.Queue()
         self.jobs: dict[str, _Job] = {}
         self.ended: set[str] = set()  # finished or failed: actions on them are no-ops
@@ -112,6 +116,7 @@ class Agent:
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="gandiva-agent", daemon=True)
         self._thread.start()
+        self._fill_pool()
 
     @property
     def gpu(self) -> bool:
@@ -130,6 +135,7 @@ class Agent:
             old = self.jobs.get(job_id)
             job = _Job(job_id, launch, tuple(devices), restarts=old.restarts if old else 0)
             self.jobs[job_id] = job
+            self.ended.discard(job_id)
             self._spawn(job)
 
     def suspend(self, job_id: str) -> None:
@@ -198,6 +204,13 @@ class Agent:
 
     def close(self) -> None:
         with self._lock:
+            for proc, ours, _ in self._pool:  # a closed channel ends a warm process
+                ours.close()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            self._pool.clear()
             for job in list(self.jobs.values()):
                 if any(r.exit is None for r in job.ranks):
                     job.stopping = True
@@ -219,9 +232,8 @@ class Agent:
         for rank in range(world):
             mine = job.devices[rank]
             visible = [mine] + [d for d in range(len(self.devices)) if d != mine]
-            ours, theirs = socket.socketpair()
             env = {**os.environ, **job.launch.env,
-                   "GANDIVA_JOB_ID": job.id, "GANDIVA_CONTROL_FD": str(theirs.fileno()),
+                   "GANDIVA_JOB_ID": job.id,
                    "GANDIVA_CHECKPOINT_DIR": str(self.checkpoint_dir(job.id)),
                    "GANDIVA_CHECKPOINT_EVERY_S": str(self.checkpoint_every_s),
                    "GANDIVA_THREADS": str(self.threads),
@@ -236,29 +248,66 @@ class Agent:
             else:
                 env["GANDIVA_DEVICE"] = f"cpu:{job.devices[rank]}"
             command = [self.python if c == "{python}" else c for c in job.launch.command]
-            log = open(directory / f"rank{rank}.log", "ab")
-            log.write(f"--- gandiva: start on {env['GANDIVA_DEVICE']} "
-                      f"(attempt {job.restarts + 1}) ---\n".encode())
-            log.flush()
-            try:
-                proc = subprocess.Popen(
-                    command, cwd=job.launch.cwd or directory, env=env, stdout=log,
-                    stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),),
-                    start_new_session=True)
-            except OSError as err:
-                theirs.close()
-                ours.close()
-                log.close()
-                self._finish(job, f"cannot start {command[0]!r}: {err}")
-                return
-            finally:
-                log.close()
-            theirs.close()
+            log_path = directory / f"rank{rank}.log"
+            with open(log_path, "ab") as log:
+                log.write(f"--- gandiva: start on {env['GANDIVA_DEVICE']} "
+                          f"(attempt {job.restarts + 1}) ---\n".encode())
+            cwd = str(job.launch.cwd or directory)
+            warm = self._take_warm() if self._warmable(job, command) else None
+            if warm is not None:
+                proc, ours, fd = warm
+                env["GANDIVA_CONTROL_FD"] = str(fd)
+                ours.setblocking(True)
+                ours.sendall((json.dumps({"argv": command[1:], "env": env, "cwd": cwd,
+                                          "log": str(log_path)}) + "\n").encode())
+            else:
+                ours, theirs = socket.socketpair()
+                env["GANDIVA_CONTROL_FD"] = str(theirs.fileno())
+                try:
+                    with open(log_path, "ab") as log:
+                        proc = subprocess.Popen(
+                            command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            pass_fds=(theirs.fileno(),), start_new_session=True)
+                except OSError as err:
+                    ours.close()
+                    self._finish(job, f"cannot start {command[0]!r}: {err}")
+                    return
+                finally:
+                    theirs.close()
             ours.setblocking(False)
             r = _Rank(rank, proc, ours, visible)
             job.ranks.append(r)
             self._sel.register(ours, selectors.EVENT_READ, (job, r))
+        self._fill_pool()
         self._wakeup_w.send(b"x")
+
+    # ---- warm processes (see warm.py) ---------------------------------------------------
+    def _warmable(self, job: _Job, command: list[str]) -> bool:
+        """A Python script with no Python start-up settings of its own can use a warm
+        process (PYTHONPATH and the like only act when an interpreter starts)."""
+        return (self.warm_pool > 0 and len(command) > 1 and command[0] == self.python
+                and command[1].endswith(".py")
+                and not any(k.startswith("PYTHON") for k in job.launch.env))
+
+    def _take_warm(self):
+        while self._pool:
+            proc, ours, fd = self._pool.pop(0)
+            if proc.poll() is None:
+                return proc, ours, fd
+            ours.close()
+        return None
+
+    def _fill_pool(self) -> None:
+        while len(self._pool) < self.warm_pool and not self._closed:
+            ours, theirs = socket.socketpair()
+            env = {**os.environ, "GANDIVA_CONTROL_FD": str(theirs.fileno())}
+            with open(self.workdir / "warm.log", "ab") as log:
+                proc = subprocess.Popen(
+                    [self.python, "-u", "-m", "gandiva.runtime.warm"], env=env, stdout=log,
+                    stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),),
+                    start_new_session=True, cwd=self.workdir)
+            self._pool.append((proc, ours, theirs.fileno()))
+            theirs.close()
 
     def _pin(self, job: _Job, devices: tuple[int, ...]) -> None:
         job.devices = tuple(devices)
