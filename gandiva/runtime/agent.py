@@ -38,6 +38,7 @@ MAX_RESTARTS = 3  # torchrun's --max-restarts: enough for a transient fault, not
 ACK_TIMEOUT_S = 60.0  # a suspend waits for the next mini-batch boundary at most this long
 GRACE_S = 10.0  # SIGTERM before SIGKILL, for scripts that save on SIGTERM
 LOG_TAIL_LINES = 20
+WARM_REFILL_DELAY_S = 3.0  # a new warm process imports torch: not while a job is starting
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,10 @@ class Agent:
             r = _Rank(rank, proc, ours, visible)
             job.ranks.append(r)
             self._sel.register(ours, selectors.EVENT_READ, (job, r))
-        self._fill_pool()
+        if len(self._pool) < self.warm_pool:  # later: the import must not slow this start
+            timer = threading.Timer(WARM_REFILL_DELAY_S, self._fill_pool)
+            timer.daemon = True
+            timer.start()
         self._wakeup_w.send(b"x")
 
     # ---- warm processes (see warm.py) ---------------------------------------------------
@@ -298,6 +302,10 @@ class Agent:
         return None
 
     def _fill_pool(self) -> None:
+        with self._lock:
+            self._fill_pool_locked()
+
+    def _fill_pool_locked(self) -> None:
         while len(self._pool) < self.warm_pool and not self._closed:
             ours, theirs = socket.socketpair()
             env = {**os.environ, "GANDIVA_CONTROL_FD": str(theirs.fileno())}

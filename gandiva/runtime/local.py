@@ -114,6 +114,14 @@ class LocalBackend:
         return time.monotonic() - self.t0
 
     def submit(self, spec: JobSpec, launch: Launch) -> None:
+        """Queue a job to arrive at ``spec.submit_time`` (seconds after ``run`` starts)."""
+        if not launch.command:
+            raise ValueError(f"job {spec.id!r}: command is empty; give the program to run, "
+                             "e.g. ['{python}', 'train.py']")
+        if launch.cwd is not None and not Path(launch.cwd).is_dir():
+            raise ValueError(f"job {spec.id!r}: cwd {str(launch.cwd)!r} is not a directory")
+        if spec.num_gpus < 1:
+            raise ValueError(f"job {spec.id!r}: num_gpus={spec.num_gpus}; ask for at least 1")
         if spec.num_gpus > len(self.devices):
             raise ValueError(f"job {spec.id!r}: num_gpus={spec.num_gpus} but this machine has "
                              f"{len(self.devices)} devices; ask for at most that many")

@@ -18,11 +18,24 @@ import socket
 import sys
 
 
-def main() -> None:
-    fd = int(os.environ["GANDIVA_CONTROL_FD"])
-    import torch  # noqa: F401  (the point: pay for the import before a job needs it)
+def warm_up() -> None:
+    """Pay for the imports a job needs before it needs them: torch, and what its first
+    optimizer pulls in lazily (about 1 s here, torch._dynamo among it)."""
+    import torch
 
     import gandiva.runtime.job  # noqa: F401
+
+    layer = torch.nn.Linear(4, 4)
+    for opt in (torch.optim.SGD(layer.parameters(), lr=0.1, momentum=0.9),
+                torch.optim.Adam(layer.parameters())):
+        layer(torch.zeros(2, 4)).sum().backward()
+        opt.step()
+    torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1)
+
+
+def main() -> None:
+    fd = int(os.environ["GANDIVA_CONTROL_FD"])
+    warm_up()
 
     sock = socket.socket(fileno=fd)
     line = b""
