@@ -249,3 +249,28 @@ def test_local_backend_time_slices_real_jobs_and_each_ends_as_if_alone(tmp_path)
     for jid, a in args.items():
         ref = reference(tmp_path / jid, "cnn.py", *a)
         assert_identical(checkpoint.latest(backend.agent.checkpoint_dir(jid))[1], ref)
+
+
+def test_policy_grows_an_elastic_job_into_an_idle_slot_then_shrinks_it_for_a_newcomer(tmp_path):
+    from gandiva import actions as A
+    from gandiva.policies import make_policy
+    from gandiva.runtime.local import LocalBackend
+    from gandiva.spec import JobSpec
+
+    backend = LocalBackend(make_policy("gandiva:grow_idle_s=1:quantum=1"), tmp_path / "run",
+                           slots=2, feedback_steps=10)
+    eargs = ("--steps", "1500", "--seed", "2")
+    backend.submit(JobSpec("e", 0.0, 1, "mlp", min_gpus=1, max_gpus=2),
+                   launch("elastic_mlp.py", *eargs))
+    backend.submit(JobSpec("c", 6.0, 1, "cnn"), launch("cnn.py", "--steps", "300"))
+    result = backend.run(timeout=300)
+    assert [j.status for j in result.jobs] == ["done", "done"]
+    acts = [(t, a) for t, a, _ in result.actions if a.job_id in ("e", "c")]
+    (t_grow, grow), *_ = [(t, a) for t, a in acts if isinstance(a, A.Grow)]
+    (t_shrink, shrink), = [(t, a) for t, a in acts if isinstance(a, A.Shrink)]
+    (t_c, _), = [(t, a) for t, a in acts if isinstance(a, A.Place) and a.job_id == "c"]
+    assert len(grow.gpus) == 2 and len(shrink.gpus) == 1
+    assert t_grow < 6.0 <= t_shrink <= t_c  # shrunk at once when c needed the slot
+    # (after c leaves, e may grow again: the slot is idle once more)
+    ref = reference(tmp_path, "elastic_mlp.py", *eargs)
+    assert_identical(checkpoint.latest(backend.agent.checkpoint_dir("e"))[1], ref)
