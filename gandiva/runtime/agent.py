@@ -146,6 +146,9 @@ class Agent:
         if job.aware and self._command(job, lambda r: {"op": "suspend"}, "suspended"):
             job.suspended = True
             return
+        # not (or not yet) speaking the protocol, or a mini-batch longer than the timeout:
+        # stop it with a signal. A library job may still act on the suspend when it wakes,
+        # so resume will send it a resume message as well.
         self._signal(job, signal.SIGSTOP)
         job.suspended = job.signalled = True
 
@@ -156,6 +159,9 @@ class Agent:
         if job.signalled:
             self._signal(job, signal.SIGCONT)
             job.suspended = job.signalled = False
+            if job.aware:
+                for r in job.ranks:
+                    self._send(r, {"op": "resume", "device": self._device_name(job, r)})
             if tuple(devices) != job.devices and self.gpu:
                 # an unmodified script cannot change GPU in place; it stays where it was
                 self._log(job, f"resumed on its old devices {job.devices}, not {devices}")

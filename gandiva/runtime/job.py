@@ -233,6 +233,8 @@ class Job:
                 self._close()
                 os._exit(0)
             return None
+        if op == "resume":  # one that crossed a signal-based suspend: already running
+            return None
         if op == "suspend":
             t0 = time.perf_counter()
             self._to("cpu")
