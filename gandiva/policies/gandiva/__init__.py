@@ -133,6 +133,8 @@ class Gandiva:
         slices = {server for kind, server in due if kind == "slice"}
         if slices:
             yield from self._refill(cluster, slices, tick=True)
+            if any(True for _ in cluster.nodes_with_free(cluster.max_free_bucket)):
+                yield from self._lower_height(cluster)  # a gang whose turn ended may move
         if touched - slices:
             yield from self._refill(cluster, touched - slices, tick=False)
         touched |= slices
@@ -256,7 +258,13 @@ class Gandiva:
         for src in sorted(crowded, key=lambda s: -book.height(s)):
             for job in sorted(book.waiting(src, cluster), key=lambda j: j.seq):
                 if timeslice.is_gang(self, job):
-                    continue  # it takes its turns on its servers, or moves when they empty
+                    # a time-sliced gang moves to whole free servers as soon as there are some
+                    gpus = gang_gpus(job, cluster)
+                    if gpus is not None and not migration.is_spread(cluster, job.num_gpus,
+                                                                    gpus):
+                        book.assign(job, tuple(sorted(cluster.servers_of(gpus))))
+                        yield self._start(job, gpus, cluster.now)
+                    continue
                 dest = timeslice.free_elsewhere(self, cluster, src, job.num_gpus)
                 if dest is None:
                     return

@@ -119,9 +119,10 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool) -> Itera
     for job in jobs:
         if job.status is not JobStatus.RUNNING or job.id in run:
             continue
-        server = book.home[job.id][0]
-        elsewhere = None if is_gang(p, job) else free_elsewhere(p, cluster, server, job.num_gpus)
-        if elsewhere is not None and any(j.priority > job.priority for j in chosen):
+        elsewhere = None
+        if not is_gang(p, job) and any(j.priority > job.priority for j in chosen):
+            elsewhere = free_elsewhere(p, cluster, book.home[job.id][0], job.num_gpus)
+        if elsewhere is not None:
             # a lower-priority job moves away rather than stop, where GPUs are free
             yield A.Migrate(job.id, gpus_on(cluster, elsewhere, job.num_gpus))
             book.assign(job, (elsewhere,))
