@@ -299,6 +299,17 @@ class Agent:
                 and command[1].endswith(".py")
                 and not any(k.startswith("PYTHON") for k in job.launch.env))
 
+    def warm_ready(self) -> int:
+        """Warm processes that have finished warming up."""
+        ready = 0
+        for proc, ours, _ in self._pool:
+            try:
+                said = ours.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+            ready += proc.poll() is None and bool(said)
+        return ready
+
     def _take_warm(self):
         while self._pool:
             proc, ours, fd = self._pool.pop(0)

@@ -38,6 +38,7 @@ def main() -> None:
     warm_up()
 
     sock = socket.socket(fileno=fd)
+    sock.sendall(b'{"ev": "ready"}\n')
     line = b""
     while not line.endswith(b"\n"):  # byte by byte: what follows belongs to the job
         c = sock.recv(1)
