@@ -222,6 +222,26 @@ def test_unmodified_script_is_time_sliced_with_signals(agent, tmp_path):
     assert out.read_text() == "199"
 
 
+def test_unmodified_script_is_preempted_with_sigterm_and_restarted(agent, tmp_path):
+    out = tmp_path / "events.txt"
+    plain = tmp_path / "plain.py"
+    plain.write_text("import signal, sys, time\n"
+                     "log = open(sys.argv[1], 'a')\n"
+                     "def saved(*_):\n"
+                     "    log.write('saved on SIGTERM\\n'); log.flush(); sys.exit(0)\n"
+                     "signal.signal(signal.SIGTERM, saved)\n"
+                     "log.write('started\\n'); log.flush()\n"
+                     "time.sleep(1.0)\n")
+    agent.start("p", Launch(["{python}", str(plain), str(out)]), (0,))
+    deadline = time.monotonic() + 60
+    while not out.exists() or "started" not in out.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    agent.restart("p", (1,))  # no library: preempted by SIGTERM, then started again
+    wait_for(agent, "done", "p")
+    assert out.read_text().splitlines() == ["started", "saved on SIGTERM", "started"]
+
+
 # ---- the local backend: the scheduler core and a policy driving real jobs ------------------
 
 def test_local_backend_time_slices_real_jobs_and_each_ends_as_if_alone(tmp_path):
