@@ -69,6 +69,9 @@ class Job:
         if fd is not None:
             self._sock = socket.socket(fileno=int(fd))
             self._sock.setblocking(False)
+        # the cores this process may use, before it pins itself to its slot's share of them
+        self._cores = (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                       else [])
         self.device = self._use_device(env.get("GANDIVA_DEVICE", "cpu"))
         self._pg = None
         if self.world_size > 1:
@@ -91,10 +94,9 @@ class Job:
             torch.cuda.set_device(int(index or 0))
             return torch.device("cuda", int(index or 0))
         torch.set_num_threads(self.threads)
-        if index and hasattr(os, "sched_setaffinity"):
-            cores = sorted(os.sched_getaffinity(0)) if not hasattr(self, "_cores") else self._cores
-            self._cores = cores
+        if index and self._cores:
             first = int(index) * self.threads
+            cores = self._cores
             os.sched_setaffinity(0, {cores[(first + i) % len(cores)] for i in range(self.threads)})
         return torch.device("cpu")
 
