@@ -113,7 +113,7 @@ def test_checkpoint_is_verified_and_a_corrupt_one_is_set_aside(tmp_path):
 # ---- the agent and the library -------------------------------------------------------------
 
 def test_suspended_resumed_moved_and_restarted_job_ends_bit_identical(agent, tmp_path):
-    args = ("--steps", "1000", "--seed", "3")
+    args = ("--steps", "2000", "--seed", "3")
     ref = reference(tmp_path, "cnn.py", *args)
     agent.start("j", launch("cnn.py", *args), (0,))
     started(agent, "j")
