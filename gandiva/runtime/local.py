@@ -230,22 +230,24 @@ class LocalBackend:
 
     # ---- the timeline -------------------------------------------------------------------
     def _track(self) -> None:
+        """Close and open timeline segments where who is on a device, or whether it is
+        shared, changed."""
         now = self.now()
         live = {}
         for gpu in self.cluster.gpus:
             for j in gpu.jobs:
                 live[(gpu.id, j)] = len(gpu.jobs) > 1
         for key in list(self._open):
-            if key not in live:
+            if live.get(key) != self._shared[key]:
                 start = self._open.pop(key)
-                self.timeline.append((key[0], key[1], start, now, self._shared.pop(key, False)))
+                self.timeline.append((key[0], key[1], start, now, self._shared.pop(key)))
         for key, shared in live.items():
-            self._open.setdefault(key, now)
-            if shared:
-                self._shared[key] = True
+            if key not in self._open:
+                self._open[key] = now
+                self._shared[key] = shared
 
     def _close_segments(self) -> None:
         now = self.now()
         for key, start in self._open.items():
-            self.timeline.append((key[0], key[1], start, now, self._shared.get(key, False)))
+            self.timeline.append((key[0], key[1], start, now, self._shared[key]))
         self._open.clear()
