@@ -7,11 +7,12 @@ once every server is at max_height), gandiva with time slices ordered by attaine
 full (``las_admission``, ``policies/gandiva/admission.py``), and both, on: the paper's 180-GPU
 workload, the Philly trace replay, and the first jobs of the Chronus Philly trace.
 
-What it shows (2026-11-30): every gandiva variant beats las on mean JCT on all three, and on
-GPU utilisation and early feedback on the first two. The Chronus stretch is overloaded far
-beyond what time-slicing can hide (3,000 jobs on 64 GPUs, servers at max_height): there las
-gives newcomers the GPU at once, and gandiva matches its early feedback only with
-las_admission, which, with las slices, keeps the JCT lead but gives up utilisation.
+What it shows (2026-11-30): every gandiva variant beats las on mean JCT on all three
+workloads, and on GPU utilisation everywhere. The paper's gandiva also leads on early feedback
+on the first two; on the Chronus stretch (3,000 jobs on 64 GPUs, servers at max_height) las
+gives newcomers the GPU at once and leads on feedback. ``gandiva:las_admission:slice_order=las``
+("both") beats las on all three metrics on all three workloads, at some mean JCT against the
+paper's gandiva on the first two.
 
 Usage: python benchmarks/paper/beyond_las.py [--chronus-jobs 3000]
 """
