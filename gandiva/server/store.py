@@ -1,0 +1,209 @@
+"""The server's state in a database: users, jobs, and every event of every job.
+
+SQLAlchemy over SQLite by default (a file next to the server's work directory) or PostgreSQL
+by URL; the schema is created and upgraded by Alembic (``migrations/``) when a store opens.
+Each change is one transaction, committed before the server acts on it or answers: a job
+whose submission was acknowledged exists, and a crash loses no acknowledged event.
+
+Tokens are never stored: only their SHA-256, which is enough to find the user of a token
+(a token is 32 random bytes, so a plain hash does not need a salt to resist guessing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    create_engine,
+    event,
+    select,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from gandiva.server.jobspec import JobRequest
+
+TERMINAL = ("done", "failed", "cancelled")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class User(Base):
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[dict] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    submitted_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class EventRow(Base):
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    at: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(32))
+    data: Mapped[dict] = mapped_column(JSON)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is asking: a user, and whether they may see and act on every job."""
+
+    id: int
+    name: str
+    admin: bool
+
+
+class StoreError(ValueError):
+    pass
+
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def database_url(url: str) -> str:
+    """Accept the forms users write: a path, ``sqlite:///...``, ``postgresql://...``."""
+    if "://" not in url:
+        return f"sqlite:///{Path(url).expanduser().resolve()}"
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+class Store:
+    def __init__(self, url: str) -> None:
+        self.url = database_url(url)
+        self.engine: Engine = create_engine(self.url)
+        if self.engine.dialect.name == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self.migrate()
+
+    def migrate(self) -> None:
+        """Bring the schema to the newest revision (creating it in an empty database)."""
+        cfg = Config()
+        cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+        with self.engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+
+    # ---- users --------------------------------------------------------------------------
+    def add_user(self, name: str, admin: bool = False) -> str:
+        """Create ``name`` and return its token (shown once: only its hash is kept)."""
+        token = secrets.token_urlsafe(32)
+        with Session(self.engine) as s, s.begin():
+            if s.scalar(select(User).where(User.name == name)) is not None:
+                raise StoreError(f"user {name!r} exists already")
+            s.add(User(name=name, token_hash=_hash(token), admin=admin, created_at=time.time()))
+        return token
+
+    def principal(self, token: str) -> Principal | None:
+        with Session(self.engine) as s:
+            user = s.scalar(select(User).where(User.token_hash == _hash(token)))
+            return None if user is None else Principal(user.id, user.name, user.admin)
+
+    # ---- jobs ---------------------------------------------------------------------------
+    def submit(self, who: Principal, request: JobRequest) -> str:
+        """Store a new job (queued) and its first event; return its id."""
+        job_id = f"{request.name}-{uuid.uuid4().hex[:8]}"
+        now = time.time()
+        with Session(self.engine) as s, s.begin():
+            s.add(JobRow(id=job_id, user_id=who.id, name=request.name,
+                         spec=request.model_dump(), state="queued", reason="",
+                         priority=request.priority, submitted_at=now))
+            s.flush()
+            s.add(EventRow(job_id=job_id, at=now, kind="submitted", data={"by": who.name}))
+        return job_id
+
+    def record(self, job_id: str, kind: str, data: dict[str, Any] | None = None,
+               state: str | None = None, reason: str | None = None) -> None:
+        """Append an event of a job, and move it to ``state`` if given, in one transaction."""
+        now = time.time()
+        with Session(self.engine) as s, s.begin():
+            job = s.get(JobRow, job_id)
+            if job is None:
+                raise StoreError(f"no job {job_id!r}")
+            if state is not None:
+                if job.state in TERMINAL:
+                    raise StoreError(f"job {job_id!r} is {job.state}; it cannot become {state}")
+                job.state = state
+                if state == "running" and job.started_at is None:
+                    job.started_at = now
+                if state in TERMINAL:
+                    job.finished_at = now
+            if reason is not None:
+                job.reason = reason
+            s.add(EventRow(job_id=job_id, at=now, kind=kind, data=data or {}))
+
+    def job(self, who: Principal, job_id: str) -> JobRow | None:
+        """The job if ``who`` may see it (their own, or any for an admin); else None, as if
+        it did not exist (so ids of others' jobs leak nothing)."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            job = s.get(JobRow, job_id)
+            if job is None or not (who.admin or job.user_id == who.id):
+                return None
+            return job
+
+    def jobs(self, who: Principal, states: tuple[str, ...] = (), limit: int = 1000
+             ) -> list[JobRow]:
+        with Session(self.engine, expire_on_commit=False) as s:
+            q = select(JobRow).order_by(JobRow.submitted_at, JobRow.id).limit(limit)
+            if not who.admin:
+                q = q.where(JobRow.user_id == who.id)
+            if states:
+                q = q.where(JobRow.state.in_(states))
+            return list(s.scalars(q))
+
+    def events(self, job_id: str, after: int = 0) -> list[EventRow]:
+        with Session(self.engine, expire_on_commit=False) as s:
+            q = (select(EventRow).where(EventRow.job_id == job_id, EventRow.id > after)
+                 .order_by(EventRow.id))
+            return list(s.scalars(q))
+
+    def unfinished(self) -> list[JobRow]:
+        """Jobs to take up again after a restart, oldest first."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            q = (select(JobRow).where(JobRow.state.not_in(TERMINAL))
+                 .order_by(JobRow.submitted_at, JobRow.id))
+            return list(s.scalars(q))
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")  # readers do not block the writer
+    cur.execute("PRAGMA synchronous=FULL")  # a committed event survives a power cut
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.close()
