@@ -294,3 +294,33 @@ def test_policy_grows_an_elastic_job_into_an_idle_slot_then_shrinks_it_for_a_new
     # (after c leaves, e may grow again: the slot is idle once more)
     ref = reference(tmp_path, "elastic_mlp.py", *eargs)
     assert_identical(checkpoint.latest(backend.agent.checkpoint_dir("e"))[1], ref)
+
+
+def test_local_backend_as_a_server_loop_takes_jobs_while_running(tmp_path):
+    import threading
+
+    from gandiva.policies import make_policy
+    from gandiva.runtime.local import LocalBackend
+    from gandiva.spec import JobSpec
+
+    backend = LocalBackend(make_policy("gandiva:quantum=1"), tmp_path / "run", slots=2,
+                           feedback_steps=20)
+    seen: list[tuple[str, str]] = []
+    backend.on_change = lambda rec, what: seen.append((rec.spec.id, what))
+    loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
+    loop.start()
+    try:
+        time.sleep(0.5)  # the loop idles with no jobs: a server waiting for submissions
+        for jid in ("a", "b"):
+            backend.submit(JobSpec(jid, 0.0, 1, "cnn"), launch("cnn.py", "--steps", "200"))
+        deadline = time.monotonic() + 120
+        while {j for j, what in seen if what == "done"} != {"a", "b"}:
+            assert time.monotonic() < deadline and loop.is_alive()
+            time.sleep(0.1)
+    finally:
+        backend.stop()
+        loop.join(timeout=30)
+    assert not loop.is_alive()
+    for jid in ("a", "b"):
+        mine = [what for j, what in seen if j == jid]
+        assert mine[0] == "running" and mine[-1] == "done" and "feedback" in mine

@@ -12,7 +12,9 @@ from __future__ import annotations
 import heapq
 import os
 import queue
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,12 +111,18 @@ class LocalBackend:
         self._shared: dict[tuple[int, str], bool] = {}
         self.timeline: list[tuple[int, str, float, float, bool]] = []
         self.t0 = time.monotonic()
+        # called with a job's record and what happened to it ("running", "suspended",
+        # "restarted", "done", "failed", "feedback"): where a server persists it
+        self.on_change: Callable[[JobRecord, str], None] | None = None
+        self._lock = threading.Lock()  # submit may come from other threads while run() runs
+        self._stopping = False
 
     def now(self) -> float:
         return time.monotonic() - self.t0
 
     def submit(self, spec: JobSpec, launch: Launch) -> None:
-        """Queue a job to arrive at ``spec.submit_time`` (seconds after ``run`` starts)."""
+        """Queue a job to arrive at ``spec.submit_time`` (seconds after ``run`` starts; at
+        once if that has passed). Safe to call from another thread while ``run`` runs."""
         if not launch.command:
             raise ValueError(f"job {spec.id!r}: command is empty; give the program to run, "
                              "e.g. ['{python}', 'train.py']")
@@ -125,17 +133,32 @@ class LocalBackend:
         if spec.num_gpus > len(self.devices):
             raise ValueError(f"job {spec.id!r}: num_gpus={spec.num_gpus} but this machine has "
                              f"{len(self.devices)} devices; ask for at most that many")
-        if spec.id in self.launches:
-            raise ValueError(f"job {spec.id!r} submitted twice; give each job its own id")
-        self.launches[spec.id] = launch
-        self.records[spec.id] = JobRecord(spec, spec.submit_time)
-        heapq.heappush(self.pending, (spec.submit_time, len(self.launches), spec))
+        with self._lock:
+            if spec.id in self.launches:
+                raise ValueError(f"job {spec.id!r} submitted twice; give each job its own id")
+            self.launches[spec.id] = launch
+            self.records[spec.id] = JobRecord(spec, spec.submit_time)
+            heapq.heappush(self.pending, (spec.submit_time, len(self.launches), spec))
+        self.agent.events.put(AgentEvent("wake", spec.id))  # the loop may be waiting
+
+    def stop(self) -> None:
+        """Make ``run`` return at its next step (jobs still running are stopped)."""
+        self._stopping = True
+        self.agent.events.put(AgentEvent("wake", ""))
+
+    def _set(self, rec: JobRecord, what: str, status: str | None = None) -> None:
+        if status is not None:
+            rec.status = status
+        if self.on_change is not None:
+            self.on_change(rec, what)
 
     # ---- the loop -----------------------------------------------------------------------
-    def run(self, timeout: float | None = None) -> LocalResult:
+    def run(self, timeout: float | None = None, until_idle: bool = True) -> LocalResult:
+        """The loop; returns once every job has finished or failed (``until_idle``), or, as
+        a server's loop (``until_idle=False``), when ``stop`` is called."""
         self.t0 = time.monotonic()
         try:
-            while any(r.status not in ("done", "failed") for r in self.records.values()):
+            while not self._stopping and (not until_idle or self._unfinished()):
                 if timeout is not None and self.now() > timeout:
                     raise TimeoutError(f"jobs still running after {timeout:.0f} s")
                 self._step()
@@ -144,6 +167,10 @@ class LocalBackend:
         self._close_segments()
         return LocalResult(self.policy.name, self.devices, list(self.records.values()),
                            self.actions, self.timeline, (0.0, self.now()))
+
+    def _unfinished(self) -> bool:
+        with self._lock:
+            return any(r.status not in ("done", "failed") for r in self.records.values())
 
     def _step(self) -> None:
         deadlines = [self.pending[0][0]] if self.pending else []
@@ -154,8 +181,11 @@ class LocalBackend:
             self._on_agent(self.agent.events.get(timeout=wait))
         except queue.Empty:
             pass
-        while self.pending and self.pending[0][0] <= self.now():
-            _, _, spec = heapq.heappop(self.pending)
+        while True:
+            with self._lock:
+                if not self.pending or self.pending[0][0] > self.now():
+                    break
+                _, _, spec = heapq.heappop(self.pending)
             self.records[spec.id].submit = self.now()
             self._handle(E.Arrival(self.now(), spec))
         if self.wakes and self.wakes[0] <= self.now():
@@ -174,20 +204,23 @@ class LocalBackend:
             rec.metrics.update(d.get("metrics") or {})
             if rec.first_feedback is None and rec.steps >= self.feedback_steps:
                 rec.first_feedback = now
+                self._set(rec, "feedback")
             job = self.cluster.jobs.get(ev.job_id)
             if job is not None and job.status is JobStatus.RUNNING:
                 self._handle(E.ProfileSample(now, ev.job_id, d["mini_batch_time"],
                                              d["memory_gb"], d["utilization"], d["step"]))
         elif ev.kind == "restarted":
             rec.restarts += 1
+            rec.reason = ev.data.get("reason", "")
+            self._set(rec, "restarted")
         elif ev.kind in ("done", "failed"):
             rec.finish = now
-            rec.status = "done" if ev.kind == "done" else "failed"
             rec.reason = ev.data.get("reason", "")
             if ev.kind == "done":
                 rec.steps = ev.data.get("step", rec.steps)
                 if rec.first_feedback is None:
                     rec.first_feedback = now
+            self._set(rec, ev.kind, ev.kind)
             if self.cluster.jobs.get(ev.job_id) is not None:
                 self._handle(E.Departure(now, ev.job_id))
 
@@ -208,24 +241,24 @@ class LocalBackend:
         if isinstance(action, A.Place):
             agent.start(job, self.launches[job], action.gpus)
             self.records[job].start = self.records[job].start or self.now()
-            self.records[job].status = "running"
+            self._set(self.records[job], "running", "running")
         elif isinstance(action, (A.Resume, A.Pack)):
             if job in agent.jobs:
                 agent.resume(job, action.gpus)
             else:  # packed before it ever ran
                 agent.start(job, self.launches[job], action.gpus)
                 self.records[job].start = self.records[job].start or self.now()
-            self.records[job].status = "running"
+            self._set(self.records[job], "running", "running")
         elif isinstance(action, (A.Suspend, A.Unpack)):
             agent.suspend(job)
-            self.records[job].status = "suspended"
+            self._set(self.records[job], "suspended", "suspended")
         elif isinstance(action, (A.Migrate, A.Grow, A.Shrink)):
             agent.restart(job, action.gpus)
         elif isinstance(action, A.Kill):
             agent.kill(job)
-            self.records[job].status = "failed"
             self.records[job].reason = "killed"
             self.records[job].finish = self.now()
+            self._set(self.records[job], "failed", "failed")
         self.actions.append((self.now(), action, time.perf_counter() - t))
 
     # ---- the timeline -------------------------------------------------------------------
