@@ -176,6 +176,14 @@ class Store:
                 return None
             return job
 
+    def owner(self, job_id: str) -> Principal:
+        with Session(self.engine) as s:
+            job = s.get(JobRow, job_id)
+            if job is None:
+                raise StoreError(f"no job {job_id!r}")
+            user = s.get(User, job.user_id)
+            return Principal(user.id, user.name, user.admin)
+
     def jobs(self, who: Principal, states: tuple[str, ...] = (), limit: int = 1000
              ) -> list[JobRow]:
         with Session(self.engine, expire_on_commit=False) as s:

@@ -1,0 +1,89 @@
+"""The REST API against a real store (SQLite) and the local loop running real jobs."""
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from gandiva.policies import make_policy  # noqa: E402
+from gandiva.runtime.local import LocalBackend  # noqa: E402
+from gandiva.server.app import Service, create_app  # noqa: E402
+from gandiva.server.store import Store  # noqa: E402
+
+CNN = str(Path(__file__).resolve().parents[1] / "examples" / "cnn.py")
+
+
+@pytest.fixture
+def server(tmp_path):
+    store = Store(str(tmp_path / "gandiva.db"))
+    backend = LocalBackend(make_policy("gandiva:quantum=1"), tmp_path / "work", slots=2,
+                           feedback_steps=20)
+    service = Service(store, backend, tmp_path / "base")
+    loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
+    loop.start()
+    tokens = {name: store.add_user(name, admin=(name == "root")) for name in ("ada", "bob",
+                                                                              "root")}
+    for who in ("ada", "bob"):
+        service.user_dir(store.principal(tokens[who])).mkdir(parents=True)
+    yield TestClient(create_app(service)), tokens, store
+    backend.stop()
+    loop.join(timeout=30)
+
+
+def auth(token):
+    return {"Authorization": f"Bearer {token}"}
+
+
+def wait_state(client, job_id, token, states, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/jobs/{job_id}", headers=auth(token)).json()
+        if job["state"] in states:
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"{job_id} never reached {states}: {job}")
+
+
+def test_unauthenticated_requests_get_401(server):
+    client, _, _ = server
+    assert client.get("/v1/jobs").status_code == 401
+    assert client.get("/v1/jobs", headers=auth("not-a-token")).status_code == 401
+    assert client.get("/v1/jobs", headers={"Authorization": "Basic x"}).status_code == 401
+
+
+def test_invalid_specs_get_422_naming_the_field(server):
+    client, tokens, store = server
+    r = client.post("/v1/jobs", json={"name": "x", "command": ["a"], "gpus": 0},
+                    headers=auth(tokens["ada"]))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "gpus"
+    r = client.post("/v1/jobs", json={"name": "x", "command": ["a"], "workdir": "nowhere"},
+                    headers=auth(tokens["ada"]))
+    assert r.status_code == 422 and "does not exist" in r.json()["detail"][0]["msg"]
+    r = client.post("/v1/jobs", json={"name": "x", "command": ["a"], "gpus": 3},
+                    headers=auth(tokens["ada"]))
+    assert r.status_code == 422 and "this cluster has 2" in r.json()["detail"][0]["msg"]
+    assert store.jobs(store.principal(tokens["root"])) == []  # nothing was stored
+
+
+def test_submitted_job_runs_and_only_its_owner_and_admins_see_it(server, tmp_path):
+    client, tokens, _ = server
+    r = client.post("/v1/jobs", json={"name": "cnn", "command": ["python", CNN, "--steps", "100"]},
+                    headers=auth(tokens["ada"]))
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    assert wait_state(client, job_id, tokens["ada"], ("done", "failed"))["state"] == "done"
+    kinds = [e["kind"] for e in client.get(f"/v1/jobs/{job_id}/events",
+                                           headers=auth(tokens["ada"])).json()]
+    assert kinds[0] == "submitted" and "running" in kinds and kinds[-1] == "done"
+    assert client.get(f"/v1/jobs/{job_id}", headers=auth(tokens["bob"])).status_code == 404
+    assert client.get(f"/v1/jobs/{job_id}/events",
+                      headers=auth(tokens["bob"])).status_code == 404
+    assert client.get("/v1/jobs", headers=auth(tokens["bob"])).json() == []
+    assert [j["id"] for j in client.get("/v1/jobs?state=done",
+                                        headers=auth(tokens["root"])).json()] == [job_id]
+    reopened = Store(str(tmp_path / "gandiva.db"))  # what a restarted server reads
+    assert reopened.job(reopened.principal(tokens["ada"]), job_id).state == "done"
