@@ -246,6 +246,82 @@ def demo(
         raise typer.Exit(1)
 
 
+DEFAULT_HOME = Path("gandiva-home")  # the server's work directory: database, jobs, users
+
+
+@app.command()
+def server(
+    home: Annotated[Path, typer.Option(help="Work directory: the database (unless --db), "
+                                       "job logs and checkpoints, users' base directories")]
+    = DEFAULT_HOME,
+    db: Annotated[str | None, typer.Option(help="Database URL or SQLite path (default: "
+                                           "HOME/gandiva.db)")] = None,
+    host: Annotated[str, typer.Option(help="Address to bind; loopback unless told "
+                                      "otherwise")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port")] = 8080,
+    policy: Annotated[str, typer.Option(help="Scheduling policy")] = "gandiva",
+    slots: Annotated[int | None, typer.Option(help="Devices to use (default: all)")] = None,
+    checkpoint_every: Annotated[float, typer.Option(help="Seconds between a job's periodic "
+                                                    "checkpoints (bounds what a crash loses)")]
+    = 300.0,
+) -> None:
+    """Run the scheduler as a service: the REST API over a persistent store."""
+    import threading
+
+    import uvicorn
+
+    from gandiva.policies import make_policy
+    from gandiva.runtime.local import LocalBackend
+    from gandiva.server.app import Service, create_app
+    from gandiva.server.store import Store
+
+    try:
+        pol = make_policy(policy)
+    except ValueError as e:
+        raise fail(str(e)) from None
+    home.mkdir(parents=True, exist_ok=True)
+    store = Store(db or str(home / "gandiva.db"))
+    backend = LocalBackend(pol, home / "run", slots=slots, checkpoint_every_s=checkpoint_every)
+    service = Service(store, backend, home)
+    again = service.resume_unfinished()
+    if again:
+        err.print(f"taking up {again} unfinished jobs from their last checkpoints")
+    loop = threading.Thread(target=backend.run, kwargs={"until_idle": False},
+                            name="gandiva-scheduler", daemon=True)
+    loop.start()
+    err.print(f"gandiva server on http://{host}:{port} ({policy}, devices: "
+              f"{', '.join(backend.devices)}, store: {store.url})")
+    try:
+        uvicorn.run(create_app(service), host=host, port=port, log_level="warning")
+    finally:
+        backend.stop()
+        loop.join(timeout=30)
+
+
+user_app = typer.Typer(help="Manage users and their tokens.", no_args_is_help=True)
+app.add_typer(user_app, name="user")
+
+
+@user_app.command("add")
+def user_add(
+    name: Annotated[str, typer.Argument(help="User name")],
+    admin: Annotated[bool, typer.Option(help="May see and act on every job")] = False,
+    home: Annotated[Path, typer.Option(help="The server's work directory")] = DEFAULT_HOME,
+    db: Annotated[str | None, typer.Option(help="Database URL or SQLite path")] = None,
+) -> None:
+    """Add a user and print their token (shown once: only its hash is stored)."""
+    from gandiva.server.store import Store, StoreError
+
+    home.mkdir(parents=True, exist_ok=True)
+    store = Store(db or str(home / "gandiva.db"))
+    try:
+        token = store.add_user(name, admin=admin)
+    except StoreError as e:
+        raise fail(str(e)) from None
+    (home / "users" / name).mkdir(parents=True, exist_ok=True)
+    print(token)
+
+
 @app.command()
 def traces() -> None:
     """List the bundled traces."""

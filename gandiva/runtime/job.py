@@ -154,6 +154,8 @@ class Job:
             return None
         self.load(found[1])
         self.restored_from = found[0]
+        print(f"gandiva: restored from checkpoint at step {found[0]}", file=sys.stderr,
+              flush=True)
         return found[0]
 
     def save(self) -> Path | None:

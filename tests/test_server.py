@@ -1,0 +1,89 @@
+"""`gandiva server` as users run it: a real process, killed with SIGKILL and restarted."""
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+CNN = str(Path(__file__).resolve().parents[1] / "examples" / "cnn.py")
+GANDIVA = [sys.executable, "-m", "gandiva.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def client(port: int, token: str):
+    import httpx2
+
+    return httpx2.Client(base_url=f"http://127.0.0.1:{port}",
+                         headers={"Authorization": f"Bearer {token}"}, timeout=10)
+
+
+def start(home: Path, port: int) -> subprocess.Popen:
+    return subprocess.Popen([*GANDIVA, "server", "--home", str(home), "--port", str(port),
+                             "--policy", "gandiva:quantum=1", "--slots", "2",
+                             "--checkpoint-every", "0.5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def wait_up(http, proc, timeout=60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read().decode()
+        try:
+            if http.get("/v1/jobs").status_code == 200:
+                return
+        except Exception:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the server did not come up")
+
+
+def test_server_killed_with_sigkill_loses_no_job_and_resumes_from_checkpoints(tmp_path):
+    home, port = tmp_path / "home", free_port()
+    token = subprocess.run([*GANDIVA, "user", "add", "ada", "--home", str(home)],
+                           check=True, capture_output=True, text=True).stdout.strip()
+    proc = start(home, port)
+    http = client(port, token)
+    try:
+        wait_up(http, proc)
+        ids = [http.post("/v1/jobs", json={"name": f"cnn{i}", "command":
+                                           ["python", CNN, "--steps", "3000"]}).json()["id"]
+               for i in range(3)]
+        deadline = time.monotonic() + 120
+        ckpts = home / "run" / "jobs" / ids[0] / "checkpoints"
+        while not (ckpts.is_dir() and any(ckpts.iterdir())):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGKILL)  # mid-run: jobs running, queued or suspended
+        proc.wait()
+        proc = start(home, port)
+        wait_up(http, proc)
+        deadline = time.monotonic() + 240
+        while True:
+            jobs = {j["id"]: j for j in http.get("/v1/jobs").json()}
+            if all(jobs[i]["state"] in ("done", "failed") for i in ids):
+                break
+            assert time.monotonic() < deadline, jobs
+            time.sleep(0.5)
+        assert [jobs[i]["state"] for i in ids] == ["done"] * 3
+        kinds = [e["kind"] for e in http.get(f"/v1/jobs/{ids[0]}/events").json()]
+        assert "requeued" in kinds and kinds[-1] == "done"
+        log = (home / "run" / "jobs" / ids[0] / "rank0.log").read_text()
+        assert "restored from checkpoint at step" in log  # ...not from the beginning
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
