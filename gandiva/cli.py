@@ -279,6 +279,7 @@ def server(
         pol = make_policy(policy)
     except ValueError as e:
         raise fail(str(e)) from None
+    home = home.resolve()
     home.mkdir(parents=True, exist_ok=True)
     store = Store(db or str(home / "gandiva.db"))
     backend = LocalBackend(pol, home / "run", slots=slots, checkpoint_every_s=checkpoint_every)

@@ -97,7 +97,7 @@ class Agent:
     def __init__(self, workdir: Path, devices: list[str], threads: int = 1,
                  max_restarts: int = MAX_RESTARTS, checkpoint_every_s: float = 300.0,
                  python: str = sys.executable, warm_pool: int | None = None) -> None:
-        self.workdir = Path(workdir)
+        self.workdir = Path(workdir).resolve()
         self.devices = devices  # e.g. ["cpu:0", "cpu:1"] or ["cuda:0", "cuda:1"]
         self.threads = threads
         self.max_restarts = max_restarts
@@ -259,7 +259,7 @@ class Agent:
             with open(log_path, "ab") as log:
                 log.write(f"--- gandiva: start on {env['GANDIVA_DEVICE']} "
                           f"(attempt {job.restarts + 1}) ---\n".encode())
-            cwd = str(job.launch.cwd or directory)
+            cwd = str(Path(job.launch.cwd or directory).resolve())
             warm = self._take_warm() if self._warmable(job, command) else None
             if warm is not None:
                 proc, ours, fd = warm

@@ -41,19 +41,22 @@ def main() -> None:
     sock.sendall(b'{"ev": "ready"}\n')
     line = b""
     while not line.endswith(b"\n"):  # byte by byte: what follows belongs to the job
-        c = sock.recv(1)
+        try:
+            c = sock.recv(1)
+        except OSError:
+            c = b""
         if not c:
             sys.exit(0)  # the agent closed the pool
         line += c
     sock.detach()  # the fd stays open: it is the job's control channel now
     go = json.loads(line)
+    log = os.open(go["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log, 1)  # from here on, errors go to the job's own log
+    os.dup2(log, 2)
+    os.close(log)
     os.environ.clear()
     os.environ.update(go["env"])
     os.chdir(go["cwd"])
-    log = os.open(go["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
     sys.argv = go["argv"]
     sys.path[0] = os.path.dirname(os.path.abspath(go["argv"][0]))
     runpy.run_path(go["argv"][0], run_name="__main__")
