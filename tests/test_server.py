@@ -15,6 +15,13 @@ CNN = str(Path(__file__).resolve().parents[1] / "examples" / "cnn.py")
 GANDIVA = [sys.executable, "-m", "gandiva.cli"]
 
 
+def stat_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -66,6 +73,9 @@ def test_server_killed_with_sigkill_loses_no_job_and_resumes_from_checkpoints(tm
             time.sleep(0.2)
         proc.send_signal(signal.SIGKILL)  # mid-run: jobs running, queued or suspended
         proc.wait()
+        orphans = [int(line.split()[0]) for i in ids
+                   for p in [home / "run" / "jobs" / i / "pids"] if p.exists()
+                   for line in p.read_text().splitlines()]
         proc = start(home, port)
         wait_up(http, proc)
         deadline = time.monotonic() + 240
@@ -76,6 +86,8 @@ def test_server_killed_with_sigkill_loses_no_job_and_resumes_from_checkpoints(tm
             assert time.monotonic() < deadline, jobs
             time.sleep(0.5)
         assert [jobs[i]["state"] for i in ids] == ["done"] * 3
+        for pid in orphans:  # nothing of the killed server's jobs runs on (none runs twice)
+            assert not Path(f"/proc/{pid}").exists() or "Z" in stat_state(pid)
         kinds = [e["kind"] for e in http.get(f"/v1/jobs/{ids[0]}/events").json()]
         assert "requeued" in kinds and kinds[-1] == "done"
         log = (home / "run" / "jobs" / ids[0] / "rank0.log").read_text()

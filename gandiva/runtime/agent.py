@@ -107,6 +107,8 @@ class Agent:
         self.warm_pool = min(len(devices), 4) if warm_pool is None else warm_pool
         self._pool: list[tuple[subprocess.Popen, socket.socket, int]] = []
         self.workdir.mkdir(parents=True, exist_ok=True)
+        for pids in self.workdir.glob("jobs/*/pids"):  # an earlier agent's, if it crashed
+            _kill_leftovers(pids)
         self.events: queue.Queue[AgentEvent] = queue.Queue()
         self.jobs: dict[str, _Job] = {}
         self.ended: set[str] = set()  # finished or failed: actions on them are no-ops
@@ -234,6 +236,7 @@ class Agent:
     def _spawn(self, job: _Job) -> None:
         directory = self.job_dir(job.id)
         directory.mkdir(parents=True, exist_ok=True)
+        _kill_leftovers(directory / "pids")
         world = len(job.devices)
         port = _free_port()
         for rank in range(world):
@@ -285,6 +288,7 @@ class Agent:
             r = _Rank(rank, proc, ours, visible)
             job.ranks.append(r)
             self._sel.register(ours, selectors.EVENT_READ, (job, r))
+        _record_pids(directory / "pids", [r.proc.pid for r in job.ranks])
         if len(self._pool) < self.warm_pool:  # later: the import must not slow this start
             timer = threading.Timer(WARM_REFILL_DELAY_S, self._fill_pool)
             timer.daemon = True
@@ -521,6 +525,35 @@ class Agent:
         if not path.exists():
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (Linux), to tell a process from a later one that
+    reuses its number."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _record_pids(path: Path, pids: list[int]) -> None:
+    path.write_text("".join(f"{pid} {_start_time(pid)}\n" for pid in pids))
+
+
+def _kill_leftovers(path: Path) -> None:
+    """Kill what an earlier agent of this job left running: after an agent crash, a job it
+    had stopped with SIGSTOP never notices that its channel closed. Only processes whose
+    number and start time both match are killed, never a stranger that reuses the number."""
+    if not path.exists():
+        return
+    for line in path.read_text().splitlines():
+        pid, _, started = line.partition(" ")
+        if pid.isdigit() and _start_time(int(pid)) == started:
+            try:
+                os.killpg(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def _free_port() -> int:
