@@ -15,10 +15,12 @@ class Arrival:
 
 @dataclass(frozen=True, slots=True)
 class Departure:
-    """A job finished all its mini-batches."""
+    """A job left: it finished all its mini-batches (``how="done"``), failed for good, or was
+    cancelled by a user, whether it was running, suspended or still queued."""
 
     time: float
     job_id: str
+    how: str = "done"  # "done", "failed" or "cancelled"
 
 
 @dataclass(frozen=True, slots=True)

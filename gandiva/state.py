@@ -210,8 +210,12 @@ class Cluster:
             self.queue.add((spec.submit_time, job.seq, spec.id))
         elif isinstance(event, E.Departure):
             job = self.jobs[event.job_id]
+            if job.status is JobStatus.QUEUED:
+                self.queue.discard((job.spec.submit_time, job.seq, job.id))
+            elif job.status is JobStatus.SUSPENDED:
+                del self.suspended[job.id]
             self._stop(job)
-            job.status = JobStatus.DONE
+            job.status = JobStatus.DONE if event.how == "done" else JobStatus.KILLED
             job.finish_time = event.time
             self.finished += 1
         elif isinstance(event, E.ProfileSample):

@@ -87,3 +87,22 @@ def test_submitted_job_runs_and_only_its_owner_and_admins_see_it(server, tmp_pat
                                         headers=auth(tokens["root"])).json()] == [job_id]
     reopened = Store(str(tmp_path / "gandiva.db"))  # what a restarted server reads
     assert reopened.job(reopened.principal(tokens["ada"]), job_id).state == "done"
+
+
+def test_cancel_stops_a_running_job_and_only_its_owner_may(server):
+    client, tokens, _ = server
+    ada = auth(tokens["ada"])
+    ids = [client.post("/v1/jobs", json={"name": f"long{i}", "command":
+                                         ["python", CNN, "--steps", "100000"]},
+                       headers=ada).json()["id"] for i in range(3)]  # 3 jobs, 2 slots
+    wait_state(client, ids[0], tokens["ada"], ("running",))
+    assert client.post(f"/v1/jobs/{ids[0]}/cancel", headers=auth(tokens["bob"])).status_code == 404
+    for job_id in ids:
+        r = client.post(f"/v1/jobs/{job_id}/cancel", headers=ada)
+        assert r.status_code == 200, r.text
+    for job_id in ids:
+        job = wait_state(client, job_id, tokens["ada"], ("cancelled", "done", "failed"))
+        assert job["state"] == "cancelled" and job["finished_at"] is not None
+    assert client.post(f"/v1/jobs/{ids[0]}/cancel", headers=ada).status_code == 409
+    kinds = [e["kind"] for e in client.get(f"/v1/jobs/{ids[0]}/events", headers=ada).json()]
+    assert kinds[-2:] == ["cancel-requested", "cancelled"] or kinds[-1] == "cancelled"

@@ -87,3 +87,35 @@ def test_gang_waits_for_a_whole_server_under_locality_aware_fifo(make_trace):
     # the 4-GPU gang gets the empty server, not 3 + 1 spread over two
     assert jcts(res)["four"] == pytest.approx(100)
     assert rec["four"].last_servers == frozenset({1})
+
+
+@pytest.mark.parametrize("policy", ["fifo", "las", "gandiva:-oversubscribe", "gandiva"])
+def test_a_job_cancelled_while_queued_or_suspended_is_never_started(policy):
+    from gandiva import events as E
+    from gandiva.policies import make_policy
+    from gandiva.scheduler import Scheduler
+    from gandiva.state import Cluster, JobStatus
+
+    done = []
+
+    class Record:
+        def execute(self, action, cluster):
+            done.append(action)
+
+    cluster = Cluster.build("1x1")
+    sched = Scheduler(cluster, make_policy(policy), Record())
+    for i, jid in enumerate(("a", "b", "c")):
+        sched.handle(E.Arrival(float(i), job(jid, float(i), 1, 600)))
+    sched.handle(E.Tick(120.0))  # gandiva time-slices: b or c may have run and be suspended
+    for jid in ("b", "c"):
+        sched.handle(E.Departure(130.0, jid, how="cancelled"))
+        assert cluster.jobs[jid].status is JobStatus.KILLED
+    cluster.check_invariants()
+    before = len(done)
+    running = [j for j in cluster.jobs.values() if j.status is JobStatus.RUNNING]
+    for j in running:
+        sched.handle(E.Departure(700.0, j.id))
+    sched.handle(E.Tick(800.0))
+    started = {a.job_id for a in done[before:] if hasattr(a, "gpus")}
+    assert not started & {"b", "c"}
+    assert cluster.free_count() == 1 and not cluster.queue and not cluster.suspended

@@ -63,8 +63,10 @@ class Las:
             key = (0, job.spec.submit_time, job.seq, job.id)
             self._key[job.id] = key
             self._waiting.add(key)
-        elif isinstance(event, E.Departure):
-            self._running.discard(self._key.pop(event.job_id))
+        elif isinstance(event, E.Departure):  # finished, or cancelled even while waiting
+            key = self._key.pop(event.job_id)
+            self._running.discard(key)
+            self._waiting.discard(key)
         elif isinstance(event, E.Failure):
             for jid in list(self._key):
                 self._move(cluster.jobs[jid], cluster.now)

@@ -116,6 +116,7 @@ class LocalBackend:
         self.on_change: Callable[[JobRecord, str], None] | None = None
         self._lock = threading.Lock()  # submit may come from other threads while run() runs
         self._stopping = False
+        self._cancels: list[str] = []
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -140,6 +141,32 @@ class LocalBackend:
             self.records[spec.id] = JobRecord(spec, spec.submit_time)
             heapq.heappush(self.pending, (spec.submit_time, len(self.launches), spec))
         self.agent.events.put(AgentEvent("wake", spec.id))  # the loop may be waiting
+
+    def cancel(self, job_id: str) -> None:
+        """Cancel a job, queued, running or suspended; it reports "cancelled". Safe to call
+        from another thread; the loop carries it out at its next step."""
+        with self._lock:
+            if job_id not in self.records:
+                raise ValueError(f"no job {job_id!r}")
+            self._cancels.append(job_id)
+        self.agent.events.put(AgentEvent("wake", job_id))
+
+    def _cancel(self, job_id: str) -> None:
+        rec = self.records[job_id]
+        if rec.status in ("done", "failed", "cancelled"):
+            return
+        with self._lock:
+            self.pending = [p for p in self.pending if p[2].id != job_id]
+            heapq.heapify(self.pending)
+        if job_id in self.agent.jobs:
+            self.agent.kill(job_id)
+        else:
+            self.agent.ended.add(job_id)
+        rec.finish = self.now()
+        rec.reason = "cancelled"
+        if job_id in self.cluster.jobs:
+            self._handle(E.Departure(self.now(), job_id, how="cancelled"))
+        self._set(rec, "cancelled", "cancelled")
 
     def stop(self) -> None:
         """Make ``run`` return at its next step (jobs still running are stopped)."""
@@ -170,7 +197,8 @@ class LocalBackend:
 
     def _unfinished(self) -> bool:
         with self._lock:
-            return any(r.status not in ("done", "failed") for r in self.records.values())
+            return any(r.status not in ("done", "failed", "cancelled")
+                       for r in self.records.values())
 
     def _step(self) -> None:
         deadlines = [self.pending[0][0]] if self.pending else []
@@ -181,6 +209,10 @@ class LocalBackend:
             self._on_agent(self.agent.events.get(timeout=wait))
         except queue.Empty:
             pass
+        with self._lock:
+            cancels, self._cancels = self._cancels, []
+        for job_id in cancels:
+            self._cancel(job_id)
         while True:
             with self._lock:
                 if not self.pending or self.pending[0][0] > self.now():
@@ -214,6 +246,8 @@ class LocalBackend:
             rec.reason = ev.data.get("reason", "")
             self._set(rec, "restarted")
         elif ev.kind in ("done", "failed"):
+            if rec.status == "cancelled":
+                return  # it ended as it was being cancelled: cancelled it stays
             rec.finish = now
             rec.reason = ev.data.get("reason", "")
             if ev.kind == "done":
@@ -221,8 +255,9 @@ class LocalBackend:
                 if rec.first_feedback is None:
                     rec.first_feedback = now
             self._set(rec, ev.kind, ev.kind)
-            if self.cluster.jobs.get(ev.job_id) is not None:
-                self._handle(E.Departure(now, ev.job_id))
+            job = self.cluster.jobs.get(ev.job_id)
+            if job is not None and job.status.value not in ("done", "killed"):
+                self._handle(E.Departure(now, ev.job_id, how=ev.kind))
 
     def _handle(self, event: E.Event) -> None:
         self.scheduler.handle(event)

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from gandiva.runtime.agent import Launch
 from gandiva.runtime.local import JobRecord, LocalBackend
 from gandiva.server.jobspec import JobRequest
-from gandiva.server.store import JobRow, Principal, Store
+from gandiva.server.store import TERMINAL, JobRow, Principal, Store
 from gandiva.spec import JobSpec
 
 
@@ -100,9 +100,15 @@ class Service:
             n += 1
         return n
 
+    def cancel(self, who: Principal, row: JobRow) -> None:
+        if row.state in TERMINAL:
+            raise HTTPException(409, f"job {row.id!r} is {row.state} already")
+        self.store.record(row.id, "cancel-requested", {"by": who.name})
+        self.backend.cancel(row.id)
+
     def _persist(self, rec: JobRecord, what: str) -> None:
         state = {"running": "running", "suspended": "suspended", "done": "done",
-                 "failed": "failed"}.get(what)
+                 "failed": "failed", "cancelled": "cancelled"}.get(what)
         data = {"steps": rec.steps, "restarts": rec.restarts}
         self.store.record(rec.spec.id, what, data, state=state,
                           reason=rec.reason if what in ("failed", "restarted") else None)
@@ -140,6 +146,12 @@ def create_app(service: Service) -> FastAPI:
 
     @app.get("/v1/jobs/{job_id}")
     def job(job_id: str, who: Who) -> JobView:
+        return JobView.of(visible(who, job_id))
+
+    @app.post("/v1/jobs/{job_id}/cancel")
+    def cancel(job_id: str, who: Who) -> JobView:
+        """Cancel a queued, running or suspended job (its processes are stopped)."""
+        service.cancel(who, visible(who, job_id))
         return JobView.of(visible(who, job_id))
 
     @app.get("/v1/jobs/{job_id}/events")

@@ -163,6 +163,7 @@ class Gandiva:
     # ---- steps --------------------------------------------------------------------------
     def _forget(self, job: Job) -> None:
         self.book.release(job)
+        self.unassigned.discard(job.id)  # a job cancelled before it had a server
         for d in (self.solo_mbt, self.packed_mbt, self.trials, self.spread, self.elastic_jobs):
             d.pop(job.id, None)
         self.book.last_start.pop(job.id, None)
