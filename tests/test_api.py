@@ -79,6 +79,9 @@ def test_submitted_job_runs_and_only_its_owner_and_admins_see_it(server, tmp_pat
     kinds = [e["kind"] for e in client.get(f"/v1/jobs/{job_id}/events",
                                            headers=auth(tokens["ada"])).json()]
     assert kinds[0] == "submitted" and "running" in kinds and kinds[-1] == "done"
+    log = client.get(f"/v1/jobs/{job_id}/logs?tail=5", headers=auth(tokens["ada"])).text
+    assert "done: 100 steps" in log and len(log.splitlines()) <= 5
+    assert client.get(f"/v1/jobs/{job_id}/logs", headers=auth(tokens["bob"])).status_code == 404
     assert client.get(f"/v1/jobs/{job_id}", headers=auth(tokens["bob"])).status_code == 404
     assert client.get(f"/v1/jobs/{job_id}/events",
                       headers=auth(tokens["bob"])).status_code == 404

@@ -9,7 +9,8 @@ transition the scheduler reports is stored as an event: a restarted server finds
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException
+from fastapi import Depends, FastAPI, Header, HTTPException, Query
+from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 
 from gandiva.runtime.agent import Launch
@@ -153,6 +154,16 @@ def create_app(service: Service) -> FastAPI:
         """Cancel a queued, running or suspended job (its processes are stopped)."""
         service.cancel(who, visible(who, job_id))
         return JobView.of(visible(who, job_id))
+
+    @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse)
+    def logs(job_id: str, who: Who, tail: Annotated[int, Query(ge=1, le=100_000)] = 200,
+             rank: Annotated[int, Query(ge=0)] = 0) -> str:
+        """The last ``tail`` lines of the job's output (one rank's), across its restarts."""
+        visible(who, job_id)
+        path = service.backend.agent.job_dir(job_id) / f"rank{rank}.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-tail:]) + "\n"
 
     @app.get("/v1/jobs/{job_id}/events")
     def events(job_id: str, who: Who, after: int = 0) -> list[EventView]:
