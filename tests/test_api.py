@@ -17,10 +17,10 @@ from gandiva.server.store import Store  # noqa: E402
 CNN = str(Path(__file__).resolve().parents[1] / "examples" / "cnn.py")
 
 
-@pytest.fixture
-def server(tmp_path):
+@pytest.fixture(params=["gandiva:quantum=1"])
+def server(tmp_path, request):
     store = Store(str(tmp_path / "gandiva.db"))
-    backend = LocalBackend(make_policy("gandiva:quantum=1"), tmp_path / "work", slots=2,
+    backend = LocalBackend(make_policy(request.param), tmp_path / "work", slots=2,
                            feedback_steps=20)
     service = Service(store, backend, tmp_path / "base")
     loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
@@ -109,3 +109,28 @@ def test_cancel_stops_a_running_job_and_only_its_owner_may(server):
     assert client.post(f"/v1/jobs/{ids[0]}/cancel", headers=ada).status_code == 409
     kinds = [e["kind"] for e in client.get(f"/v1/jobs/{ids[0]}/events", headers=ada).json()]
     assert kinds[-2:] == ["cancel-requested", "cancelled"] or kinds[-1] == "cancelled"
+
+
+@pytest.mark.parametrize("server", ["fifo", "gandiva:quantum=1"], indirect=True)
+def test_explain_says_why_a_job_is_not_running(server):
+    client, tokens, _ = server
+    ada = auth(tokens["ada"])
+    ids = [client.post("/v1/jobs", json={"name": f"long{i}", "command":
+                                         ["python", CNN, "--steps", "100000"]},
+                       headers=ada).json()["id"] for i in range(3)]  # 3 jobs, 2 slots
+    for job_id in ids[:2]:
+        wait_state(client, job_id, tokens["ada"], ("running",))
+    why = client.get(f"/v1/jobs/{ids[2]}/explain", headers=ada).json()
+    if why["state"] == "queued" and why["queue_position"]:  # fifo: a queue
+        assert why["reason"] == "waiting for 1 free device(s); 0 of 2 free now; 1 in line"
+    else:  # gandiva: over-subscribed, it takes turns
+        assert "time-sliced" in why["reason"] or why["reason"].startswith("running on")
+    first = client.get(f"/v1/jobs/{ids[0]}/explain", headers=ada).json()["reason"]
+    assert first.startswith("running on device") or "time-sliced" in first  # gandiva rotates
+    assert client.get(f"/v1/jobs/{ids[2]}/explain",
+                      headers=auth(tokens["bob"])).status_code == 404
+    for job_id in ids:
+        client.post(f"/v1/jobs/{job_id}/cancel", headers=ada)
+    for job_id in ids:
+        wait_state(client, job_id, tokens["ada"], ("cancelled",))
+    assert client.get(f"/v1/jobs/{ids[2]}/explain", headers=ada).json()["reason"] == "cancelled"

@@ -262,6 +262,56 @@ class LocalBackend:
     def _handle(self, event: E.Event) -> None:
         self.scheduler.handle(event)
         self._track()
+        self._snapshot()
+
+    # ---- why is my job pending? ---------------------------------------------------------
+    def _snapshot(self) -> None:
+        """A copy of what ``explain`` reads, swapped in whole: other threads never see the
+        state half-changed, and never wait for the loop."""
+        c, book = self.cluster, getattr(self.policy, "book", None)
+        self._seen = {
+            "free": c.free_count(), "devices": len(c.gpus),
+            "queue": [jid for _, _, jid in c.queue],
+            "jobs": {j.id: (j.status.value, j.gpus, j.num_gpus, j.priority)
+                     for j in c.jobs.values()},
+            "shared": {g.id: list(g.jobs) for g in c.gpus if len(g.jobs) > 1},
+            "home": dict(book.home) if book is not None else {},
+            "height": [book.height(s) for s in range(len(c.nodes))] if book else [],
+        }
+
+    def explain(self, job_id: str) -> dict:
+        """The job's state, and why it is not running, in words."""
+        rec = self.records.get(job_id)
+        if rec is None:
+            raise ValueError(f"no job {job_id!r}")
+        seen = getattr(self, "_seen", None)
+        out = {"state": rec.status, "reason": "", "queue_position": None, "needs": None}
+        if rec.status in ("done", "failed", "cancelled"):
+            out["reason"] = rec.reason or f"the job is {rec.status}"
+            return out
+        if seen is None or job_id not in seen["jobs"]:
+            out["reason"] = "submitted; the scheduler has not taken it up yet"
+            return out
+        status, gpus, want, _ = seen["jobs"][job_id]
+        quantum = getattr(self.policy, "quantum", None)
+        home = seen["home"].get(job_id)
+        if status == "running":
+            partners = sorted({j for g in gpus for j in seen["shared"].get(g, []) if j != job_id})
+            out["reason"] = (f"running on device(s) {', '.join(map(str, gpus))}"
+                             + (f", packed with {', '.join(partners)}" if partners else ""))
+        elif status == "suspended" or (home is not None and quantum):
+            out["reason"] = (f"time-sliced: its server is over-subscribed (height "
+                             f"{max(seen['height'][s] for s in home):.1f}); it runs at its turn, "
+                             f"in rounds of {quantum:g} s" if home else "suspended")
+        else:
+            queue = seen["queue"]
+            out["queue_position"] = queue.index(job_id) + 1 if job_id in queue else None
+            out["needs"] = f"{want} free device(s)"
+            out["reason"] = (f"waiting for {want} free device(s); {seen['free']} of "
+                             f"{seen['devices']} free now"
+                             + (f"; {out['queue_position']} in line"
+                                if out["queue_position"] else ""))
+        return out
 
     # ---- the body -----------------------------------------------------------------------
     def execute(self, action: A.Action, cluster: Cluster) -> None:

@@ -165,6 +165,16 @@ def create_app(service: Service) -> FastAPI:
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-tail:]) + "\n"
 
+    @app.get("/v1/jobs/{job_id}/explain")
+    def explain(job_id: str, who: Who) -> dict[str, Any]:
+        """Why is my job pending? Its state, the reason in words, its place in line."""
+        row = visible(who, job_id)
+        try:
+            return service.backend.explain(job_id)
+        except ValueError:  # stored but not (yet) given to the scheduler, or long finished
+            return {"state": row.state, "reason": row.reason or f"the job is {row.state}",
+                    "queue_position": None, "needs": None}
+
     @app.get("/v1/jobs/{job_id}/events")
     def events(job_id: str, who: Who, after: int = 0) -> list[EventView]:
         visible(who, job_id)
