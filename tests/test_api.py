@@ -38,6 +38,13 @@ def auth(token):
     return {"Authorization": f"Bearer {token}"}
 
 
+def submit_long(client, headers, n):
+    """``n`` jobs long enough to outlast the test (it cancels them)."""
+    return [client.post("/v1/jobs", json={"name": f"long{i}", "command":
+                                          ["python", CNN, "--steps", "100000"]},
+                        headers=headers).json()["id"] for i in range(n)]
+
+
 def wait_state(client, job_id, token, states, timeout=120):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -95,9 +102,7 @@ def test_submitted_job_runs_and_only_its_owner_and_admins_see_it(server, tmp_pat
 def test_cancel_stops_a_running_job_and_only_its_owner_may(server):
     client, tokens, _ = server
     ada = auth(tokens["ada"])
-    ids = [client.post("/v1/jobs", json={"name": f"long{i}", "command":
-                                         ["python", CNN, "--steps", "100000"]},
-                       headers=ada).json()["id"] for i in range(3)]  # 3 jobs, 2 slots
+    ids = submit_long(client, ada, 3)  # 3 jobs, 2 slots
     wait_state(client, ids[0], tokens["ada"], ("running",))
     assert client.post(f"/v1/jobs/{ids[0]}/cancel", headers=auth(tokens["bob"])).status_code == 404
     for job_id in ids:
@@ -115,9 +120,7 @@ def test_cancel_stops_a_running_job_and_only_its_owner_may(server):
 def test_explain_says_why_a_job_is_not_running(server):
     client, tokens, _ = server
     ada = auth(tokens["ada"])
-    ids = [client.post("/v1/jobs", json={"name": f"long{i}", "command":
-                                         ["python", CNN, "--steps", "100000"]},
-                       headers=ada).json()["id"] for i in range(3)]  # 3 jobs, 2 slots
+    ids = submit_long(client, ada, 3)  # 3 jobs, 2 slots
     for job_id in ids[:2]:
         wait_state(client, job_id, tokens["ada"], ("running",))
     why = client.get(f"/v1/jobs/{ids[2]}/explain", headers=ada).json()

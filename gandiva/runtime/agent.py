@@ -172,7 +172,7 @@ class Agent:
             return
         if self.gpu and len(job.ranks) > 1 and tuple(devices) != job.devices:
             # NCCL communicators are bound to their GPUs: a gang moves through a checkpoint
-            self.resume(job_id, job.devices)
+            # (its suspended ranks take the checkpoint command where they wait)
             self.restart(job_id, devices)
             return
         job.devices = tuple(devices)
