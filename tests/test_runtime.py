@@ -201,16 +201,25 @@ def test_crashing_script_fails_with_its_error_and_the_agent_survives(tmp_path):
         agent.close()
 
 
-def test_unmodified_script_is_time_sliced_with_signals(agent, tmp_path):
-    out = tmp_path / "count.txt"
+def start_plain(agent: Agent, tmp_path: Path, source: str, until: str = "") -> Path:
+    """Start a script that does not use the job library; it writes to the file returned.
+    Return once that file holds ``until`` (or anything, if ``until`` is empty)."""
+    out = tmp_path / "out.txt"
     plain = tmp_path / "plain.py"
-    plain.write_text("import sys, time\n"
-                     "for i in range(200):\n"
-                     "    open(sys.argv[1], 'w').write(str(i))\n"
-                     "    time.sleep(0.01)\n")
+    plain.write_text(source)
     agent.start("p", Launch(["{python}", str(plain), str(out)]), (0,))
-    while not out.exists() or not out.read_text():
+    deadline = time.monotonic() + 60
+    while not out.exists() or until not in out.read_text() or not out.read_text():
+        assert time.monotonic() < deadline, "the script never wrote its output"
         time.sleep(0.05)
+    return out
+
+
+def test_unmodified_script_is_time_sliced_with_signals(agent, tmp_path):
+    out = start_plain(agent, tmp_path, "import sys, time\n"
+                                       "for i in range(200):\n"
+                                       "    open(sys.argv[1], 'w').write(str(i))\n"
+                                       "    time.sleep(0.01)\n")
     agent.suspend("p")
     assert agent.jobs["p"].signalled  # it never spoke the library's protocol
     time.sleep(0.2)
@@ -223,20 +232,14 @@ def test_unmodified_script_is_time_sliced_with_signals(agent, tmp_path):
 
 
 def test_unmodified_script_is_preempted_with_sigterm_and_restarted(agent, tmp_path):
-    out = tmp_path / "events.txt"
-    plain = tmp_path / "plain.py"
-    plain.write_text("import signal, sys, time\n"
-                     "log = open(sys.argv[1], 'a')\n"
-                     "def saved(*_):\n"
-                     "    log.write('saved on SIGTERM\\n'); log.flush(); sys.exit(0)\n"
-                     "signal.signal(signal.SIGTERM, saved)\n"
-                     "log.write('started\\n'); log.flush()\n"
-                     "time.sleep(1.0)\n")
-    agent.start("p", Launch(["{python}", str(plain), str(out)]), (0,))
-    deadline = time.monotonic() + 60
-    while not out.exists() or "started" not in out.read_text():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    out = start_plain(agent, tmp_path, "import signal, sys, time\n"
+                                       "log = open(sys.argv[1], 'a')\n"
+                                       "def saved(*_):\n"
+                                       "    log.write('saved on SIGTERM\\n'); log.flush()\n"
+                                       "    sys.exit(0)\n"
+                                       "signal.signal(signal.SIGTERM, saved)\n"
+                                       "log.write('started\\n'); log.flush()\n"
+                                       "time.sleep(1.0)\n", until="started")
     agent.restart("p", (1,))  # no library: preempted by SIGTERM, then started again
     wait_for(agent, "done", "p")
     assert out.read_text().splitlines() == ["started", "saved on SIGTERM", "started"]
