@@ -4,7 +4,8 @@
 "use strict";
 
 const REFRESH_MS = 2000;
-const WINDOW_S = 600; // the utilisation chart's span
+const WINDOW_S = 600; // the utilisation chart's span, at most...
+const MIN_WINDOW_S = 60; // ...and at least: a young server's few samples fill the chart
 const TOKEN_KEY = "gandiva.token";
 const SVG_NS = "http://www.w3.org/2000/svg";
 const FINISHED = new Set(["done", "failed", "cancelled"]);
@@ -260,25 +261,24 @@ const widthOf = (container) => Math.max(container.clientWidth, 320);
 function renderUtilisation(data) {
   const samples = data.samples;
   const now = Date.now() / 1000;
-  const x0 = now - WINDOW_S;
+  const span = Math.min(WINDOW_S, Math.max(MIN_WINDOW_S, now - (samples[0]?.at ?? now)));
   const { height, left, right, top, bottom } = CHART;
   const width = widthOf($("#utilisation"));
-  const x = (t) => left + ((t - x0) / WINDOW_S) * (width - left - right);
+  const x = (t) => left + ((t - now + span) / span) * (width - left - right);
   const y = (f) => top + (1 - f) * (height - top - bottom);
   const grid = [0, 0.5, 1].flatMap((f) => [
     svg("line", { class: "grid", x1: left, x2: width - right, y1: y(f), y2: y(f) }),
     svg("text", { class: "axis", x: left - 4, y: y(f) + 4, "text-anchor": "end" },
       `${f * 100}%`),
   ]);
-  const ticks = [-10, -5, 0].map((m) => svg("text", {
-    class: "axis", x: x(now + m * 60), y: height - 6,
-    "text-anchor": m === -10 ? "start" : m === 0 ? "end" : "middle",
-  }, m === 0 ? "now" : `${m} min`));
+  const ticks = niceTicks(span).map((s) => svg("text", {
+    class: "axis", x: x(now - s), y: height - 6, "text-anchor": s === 0 ? "end" : "middle",
+  }, s === 0 ? "now" : `−${duration(s)}`));
   const allocated = samples.map((s) => [s.at, data.total ? s.allocated / data.total : 0]);
   const busy = samples.map((s) => [s.at, s.busy]);
   const chart = svg("svg", {
     width, height, viewBox: `0 0 ${width} ${height}`, "data-samples": samples.length, role: "img",
-    "aria-label": "devices allocated and how busy their jobs are, over the last 10 minutes",
+    "aria-label": `devices allocated and how busy their jobs are, over the last ${duration(span)}`,
   }, ...grid, ...ticks,
   svg("path", { class: "allocated", "data-series": "allocated", d: area(allocated, x, y) }),
   svg("path", { class: "busy", "data-series": "busy", d: line(busy, x, y) }));
@@ -289,6 +289,7 @@ function renderUtilisation(data) {
     el("span", { class: "muted" }, last
       ? ` — now ${last.allocated} of ${data.total} allocated, ${Math.round(last.busy * 100)}% busy`
       : " — no samples yet"));
+  $("#utilisation-span").textContent = `last ${duration(span)}`;
   $("#utilisation").replaceChildren(chart, legend);
 }
 
