@@ -73,7 +73,8 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool) -> Itera
     In slice order, each job takes GPUs while its server has room; a gang takes whole servers
     and only when all of them still have all their room. On a ``tick`` (a round boundary)
     running jobs compete like the others, except those whose turn began less than half a
-    quantum ago (they took freed GPUs between rounds); otherwise (a departure freed GPUs, a
+    quantum ago (they took freed GPUs between rounds), and in round-robin order they go behind
+    every waiting job of their priority; otherwise (a departure freed GPUs, a
     priority changed) running jobs go before waiting ones of the same priority, so no turn is
     cut short but for a job of higher priority.
     """
@@ -97,9 +98,18 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool) -> Itera
             room[book.home[job.id][0]] -= len(job.gpus) or job.num_gpus
 
     def key(job: Job) -> tuple:
-        prio, *turn = order_key(p, job, now)
+        prio, turn, seq = order_key(p, job, now)
+        if job.status is not JobStatus.RUNNING:
+            return (prio, 1, turn, seq)
         fresh = now - book.last_start.get(job.id, now) < p.quantum / 2  # its turn just began
-        return (prio, job.status is not JobStatus.RUNNING or (tick and not fresh), *turn)
+        if not tick or fresh:
+            return (prio, 0, turn, seq)  # keeps its turn
+        if p.slice_order == "las":
+            return (prio, 1, turn, seq)  # competes on attained service like the others
+        # round-robin: a job whose turn is over goes behind those waiting, and the one that
+        # has run longest gives way first (ordering it by when its turn began, like a waiting
+        # job, kept a job that never stopped first in line for ever)
+        return (prio, 2, -turn, seq)
 
     keep = {j.id for j in jobs
             if j.status is JobStatus.RUNNING and is_gang(p, j) and not whole(j)}
