@@ -1,0 +1,216 @@
+"""The dashboard as a user sees it: a real `gandiva server`, real jobs, a real browser.
+
+Debian's Chromium, driven by Playwright, signs in with the token `gandiva user add` printed
+and watches three one-device jobs share two slots: time-sliced, then (a second server)
+packed.
+"""
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pw = pytest.importorskip("playwright.sync_api")
+expect = pw.expect
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run",
+                 "--disable-quic"]
+CNN = Path(__file__).resolve().parents[1] / "examples" / "cnn.py"
+GANDIVA = [sys.executable, "-m", "gandiva.cli"]
+WAIT_MS = 60_000  # generous: the server, three jobs and a browser share the machine's cores
+STEPS = 20_000  # longer than the tests; the server stops the jobs when it stops
+# Packing off: the three jobs take turns for as long as they run. With it on, gandiva packs
+# two of them onto one device once their first profiles arrive, within seconds.
+TIME_SLICING = "gandiva:-pack:quantum=3"
+PACKING = "gandiva:quantum=3"
+CPU_ONLY = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # two CPU slots, whatever GPUs there are
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no {CHROMIUM}")
+
+
+@dataclass
+class Server:
+    url: str
+    token: str
+    home: Path
+
+    def client(self):
+        import httpx2
+
+        return httpx2.Client(base_url=self.url, timeout=10,
+                             headers={"Authorization": f"Bearer {self.token}"})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_up(server: Server, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    with server.client() as http:
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            try:
+                if http.get("/v1/whoami").status_code == 200:
+                    return
+            except Exception:
+                pass
+            time.sleep(0.2)
+    raise AssertionError(f"the server did not come up: {log.read_text()}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, request):
+    """`gandiva user add alice`, then `gandiva server`, as a user starts them."""
+    policy = getattr(request, "param", TIME_SLICING)
+    home = tmp_path_factory.mktemp("dashboard") / "home"
+    token = subprocess.run([*GANDIVA, "user", "add", "alice", "--home", str(home)],
+                           check=True, capture_output=True, text=True).stdout.strip()
+    port, log = free_port(), home / "server.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([*GANDIVA, "server", "--home", str(home), "--port", str(port),
+                                 "--slots", "2", "--policy", policy],
+                                stdout=out, stderr=subprocess.STDOUT, env=CPU_ONLY)
+    try:
+        srv = Server(f"http://127.0.0.1:{port}", token, home)
+        wait_up(srv, proc, log)
+        yield srv
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def jobs(server):
+    """Three one-device jobs on the server's two slots."""
+    shutil.copy(CNN, server.home / "users" / "alice" / "cnn.py")
+    with server.client() as http:
+        return [http.post("/v1/jobs", json={"name": f"cnn{i}", "command":
+                                            ["python", "cnn.py", "--steps", str(STEPS)]}
+                          ).raise_for_status().json()["id"] for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with pw.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh browser profile (empty localStorage); fails the test on any script error."""
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.set_default_timeout(WAIT_MS)
+    expect.set_options(timeout=WAIT_MS)
+    yield page
+    context.close()
+    assert not errors, errors
+
+
+def sign_in(page, server: Server, token: str | None = None) -> None:
+    page.goto(server.url)
+    page.fill("#token-input", token or server.token)
+    page.click("#token-form button[type=submit]")
+
+
+def wait_for_event(server: Server, jobs: list[str], kind: str, timeout: float = 60) -> str:
+    """The first of ``jobs`` to have an event of ``kind``."""
+    deadline = time.monotonic() + timeout
+    with server.client() as http:
+        while time.monotonic() < deadline:
+            for job in jobs:
+                if any(e["kind"] == kind for e in http.get(f"/v1/jobs/{job}/events").json()):
+                    return job
+            time.sleep(0.5)
+    raise AssertionError(f"no job was {kind} within {timeout} s")
+
+
+def test_the_token_is_asked_once_kept_and_asked_again_when_refused(server, page):
+    sign_in(page, server, token="not-a-token")
+    expect(page.locator("#token-error")).to_contain_text("401")
+    expect(page.locator("#dashboard")).to_be_hidden()
+
+    sign_in(page, server)
+    expect(page).to_have_url(re.compile(r"/ui/"))
+    expect(page.locator("#dashboard")).to_be_visible()
+    expect(page.locator("#whoami")).to_have_text("alice")
+    expect(page.locator("#no-jobs")).to_be_visible()
+
+    page.reload()  # the token is kept: no form
+    expect(page.locator("#whoami")).to_have_text("alice")
+    expect(page.locator("#token-form")).to_be_hidden()
+
+    page.evaluate("localStorage.setItem('gandiva.token', 'revoked')")
+    page.reload()  # a kept token the server refuses: the form again
+    expect(page.locator("#token-form")).to_be_visible()
+    expect(page.locator("#token-error")).to_contain_text("401")
+    expect(page.locator("#dashboard")).to_be_hidden()
+
+
+def test_while_gandiva_time_slices_the_table_and_map_show_who_waits_and_why(server, jobs, page):
+    sign_in(page, server)
+    for job in jobs:
+        row = page.locator(f'#jobs tr[data-job="{job}"]')
+        expect(row).to_contain_text(job)
+        expect(row).to_have_attribute("data-state", re.compile("queued|running|suspended"))
+    # three jobs, two devices: each device runs one, the third waits its turn on the node
+    expect(page.locator("#gpu-map [data-device]")).to_have_count(2)
+    sliced = page.locator("#gpu-map .time-sliced [data-job]")
+    expect(sliced).to_have_count(1)
+    assert sliced.get_attribute("data-job") in jobs
+    expect(page.locator("#gpu-map [data-device] [data-job]")).to_have_count(2)
+    waiting = page.locator('#jobs tr[data-state="suspended"] td.why')
+    expect(waiting.first).to_contain_text("time-sliced: its server is over-subscribed")
+    running = page.locator('#jobs tr[data-state="running"] td.why')
+    expect(running.first).to_contain_text(re.compile(r"running on device\(s\) \d"))
+
+
+def test_the_utilisation_chart_draws_the_samples(server, jobs, page):
+    sign_in(page, server)
+    chart = page.locator("#utilisation svg")
+    expect(chart).to_have_attribute("data-samples", re.compile(r"^[1-9]\d*$"))
+    expect(chart.locator('path[data-series="allocated"]')).to_have_attribute("d", re.compile("^M"))
+    expect(page.locator("#utilisation .legend")).to_contain_text("now 2 of 2 allocated")
+
+
+def test_clicking_a_job_shows_its_timeline_of_running_and_suspended(server, jobs, page):
+    sliced = wait_for_event(server, jobs, "suspended")
+    sign_in(page, server)
+    page.click(f'#jobs tr[data-job="{sliced}"]')
+    expect(page.locator("#detail-title")).to_contain_text(sliced)
+    expect(page.locator("#explain")).to_contain_text(re.compile("time-sliced|running on"))
+    timeline = page.locator("#timeline svg")
+    expect(timeline.locator('[data-segment="running"]').first).to_be_visible()
+    expect(timeline.locator('[data-segment="suspended"]').first).to_be_visible()
+    expect(page.locator('#events li[data-kind="suspended"]').first).to_be_visible()
+
+
+@pytest.mark.parametrize("server", [PACKING], indirect=True)
+def test_once_gandiva_packs_two_jobs_the_map_shows_them_on_one_device(server, jobs, page):
+    sign_in(page, server)
+    packed = page.locator('#gpu-map [data-device][data-mode="packed"]')
+    expect(packed.locator("[data-job]")).to_have_count(2)
+    assert {packed.locator("[data-job]").nth(i).get_attribute("data-job")
+            for i in range(2)} <= set(jobs)
+    expect(page.locator("#jobs td.why", has_text="packed with").first).to_be_visible()
