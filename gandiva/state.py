@@ -202,8 +202,10 @@ class Cluster:
         self.now = event.time
         if isinstance(event, E.Arrival):
             spec = event.job
-            if spec.id in self.jobs:
+            old = self.jobs.get(spec.id)
+            if old is not None and old.status not in (JobStatus.DONE, JobStatus.KILLED):
                 raise InvariantError(f"job {spec.id!r} arrived twice")
+            # (a job that left may come back: one its user held, then released)
             job = Job(spec, self._seq, spec.priority)
             self._seq += 1
             self.jobs[spec.id] = job

@@ -205,6 +205,14 @@ class Agent:
                 return
         self._terminate(job)
 
+    def park(self, job_id: str) -> None:
+        """Checkpoint and stop the job, and forget it until it is started again (a job its
+        user holds: it keeps no device and no memory)."""
+        if job_id in self.jobs:
+            self.stop(job_id, checkpoint=True)
+            self.jobs.pop(job_id, None)
+            self.ended.add(job_id)
+
     def kill(self, job_id: str) -> None:
         if job_id in self.jobs:
             self.stop(job_id, checkpoint=False)

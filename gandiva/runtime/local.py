@@ -9,11 +9,13 @@ in for GPUs (one core each by default), so that the whole system runs anywhere.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +64,31 @@ class JobRecord:
     steps: int = 0
     restarts: int = 0
     metrics: dict = field(default_factory=dict)
+    devices: tuple[int, ...] = ()
+    time_limit: float | None = None  # seconds of running (time-sliced turns not counted)
+    ran: float = 0.0  # seconds it ran before ``running_since``
+    running_since: float | None = None
+
+    def running_time(self, now: float) -> float:
+        return self.ran + (now - self.running_since if self.running_since is not None else 0.0)
+
+
+TERMINAL = ("done", "failed", "cancelled")
+SNAPSHOT_EVERY_S = 0.2  # under load, explain, the cluster view and metrics read a copy
+# at most this old (copying the state of thousands of queued jobs at every event would cost
+# the loop more than the events)
+SAMPLE_EVERY_S = 1.0  # utilisation samples
+SAMPLES_KEPT = 86_400  # a day of them
+
+
+class Observer:
+    """What a server measures of the loop (``gandiva.server.metrics`` fills these in)."""
+
+    def decision(self, event: E.Event, seconds: float) -> None:
+        """The scheduler handled ``event`` (the policy decided and its actions ran)."""
+
+    def action(self, action: A.Action, seconds: float) -> None:
+        """The agent carried out ``action``; ``seconds`` is how long it took."""
 
 
 @dataclass
@@ -106,24 +133,35 @@ class LocalBackend:
         self.records: dict[str, JobRecord] = {}
         self.pending: list[tuple[float, int, JobSpec]] = []
         self.wakes: list[float] = []
-        self.actions: list[tuple[float, A.Action, float]] = []
+        # (time, action, seconds it took): the newest ones, for a run's result
+        self.actions: deque[tuple[float, A.Action, float]] = deque(maxlen=100_000)
         self._open: dict[tuple[int, str], float] = {}
         self._shared: dict[tuple[int, str], bool] = {}
         self.timeline: list[tuple[int, str, float, float, bool]] = []
         self.t0 = time.monotonic()
         # called with a job's record and what happened to it ("running", "suspended",
-        # "restarted", "done", "failed", "feedback"): where a server persists it
+        # "migrated", "resized", "restarted", "held", "done", "failed", "cancelled",
+        # "feedback"): where a server persists it
         self.on_change: Callable[[JobRecord, str], None] | None = None
+        self.observer = Observer()
         self._lock = threading.Lock()  # submit may come from other threads while run() runs
         self._stopping = False
-        self._cancels: list[str] = []
+        self._requests: list[tuple[str, str, object]] = []  # (what, job, argument) from users
+        self.samples: deque[tuple[float, int, float]] = deque(maxlen=SAMPLES_KEPT)
+        self._next_sample = 0.0
+        self._dirty = True
+        self._snapshot_at = float("-inf")
+        self._seen: dict | None = None
 
     def now(self) -> float:
         return time.monotonic() - self.t0
 
-    def submit(self, spec: JobSpec, launch: Launch) -> None:
+    def submit(self, spec: JobSpec, launch: Launch, time_limit: float | None = None,
+               held: bool = False) -> None:
         """Queue a job to arrive at ``spec.submit_time`` (seconds after ``run`` starts; at
-        once if that has passed). Safe to call from another thread while ``run`` runs."""
+        once if that has passed). Safe to call from another thread while ``run`` runs.
+        A job that has run ``time_limit`` seconds (its turns on a device, not its waits)
+        is stopped and fails, as Slurm's TIMEOUT. A ``held`` job waits for ``release``."""
         if not launch.command:
             raise ValueError(f"job {spec.id!r}: command is empty; give the program to run, "
                              "e.g. ['{python}', 'train.py']")
@@ -138,35 +176,85 @@ class LocalBackend:
             if spec.id in self.launches:
                 raise ValueError(f"job {spec.id!r} submitted twice; give each job its own id")
             self.launches[spec.id] = launch
-            self.records[spec.id] = JobRecord(spec, spec.submit_time)
-            heapq.heappush(self.pending, (spec.submit_time, len(self.launches), spec))
+            self.records[spec.id] = JobRecord(spec, spec.submit_time, time_limit=time_limit,
+                                              status="held" if held else "queued")
+            if not held:
+                heapq.heappush(self.pending, (spec.submit_time, len(self.launches), spec))
         self.agent.events.put(AgentEvent("wake", spec.id))  # the loop may be waiting
 
+    # ---- what users ask of a job (safe from any thread; the loop does it at its next step)
     def cancel(self, job_id: str) -> None:
-        """Cancel a job, queued, running or suspended; it reports "cancelled". Safe to call
-        from another thread; the loop carries it out at its next step."""
+        """Cancel a job, queued, running, suspended or held; it reports "cancelled"."""
+        self._request("cancel", job_id)
+
+    def hold(self, job_id: str) -> None:
+        """Take a job out of scheduling until ``release``: a running or suspended job
+        checkpoints at its next mini-batch boundary and its processes exit, so it holds no
+        device and no host memory; it reports "held"."""
+        self._request("hold", job_id)
+
+    def release(self, job_id: str) -> None:
+        """Give a held job back to the scheduler; it restores from its checkpoint."""
+        self._request("release", job_id)
+
+    def set_priority(self, job_id: str, priority: int) -> None:
+        self._request("priority", job_id, priority)
+
+    def _request(self, what: str, job_id: str, arg: object = None) -> None:
         with self._lock:
             if job_id not in self.records:
                 raise ValueError(f"no job {job_id!r}")
-            self._cancels.append(job_id)
+            self._requests.append((what, job_id, arg))
         self.agent.events.put(AgentEvent("wake", job_id))
 
-    def _cancel(self, job_id: str) -> None:
+    def _carry_out(self, what: str, job_id: str, arg: object) -> None:
         rec = self.records[job_id]
-        if rec.status in ("done", "failed", "cancelled"):
+        if rec.status in TERMINAL:
             return
+        if what == "cancel":
+            self._end(job_id, "cancelled", "cancelled")
+        elif what == "hold" and rec.status != "held":
+            self._withdraw(job_id, how="held")
+            self._set(rec, "held", "held")
+        elif what == "release" and rec.status == "held":
+            spec = dataclasses.replace(rec.spec, submit_time=self.now())
+            self.agent.ended.discard(job_id)
+            with self._lock:
+                heapq.heappush(self.pending, (spec.submit_time, len(self.launches), spec))
+            self._set(rec, "released", "queued")
+        elif what == "priority":
+            rec.spec = dataclasses.replace(rec.spec, priority=int(arg))
+            job = self.cluster.jobs.get(job_id)
+            if job is not None and job.status not in (JobStatus.DONE, JobStatus.KILLED):
+                self._handle(E.PriorityChange(self.now(), job_id, int(arg)))
+
+    def _withdraw(self, job_id: str, how: str) -> None:
+        """Take the job out of the queue, the agent and the cluster state. Held jobs
+        checkpoint first; cancelled and timed-out ones are killed."""
+        rec = self.records[job_id]
         with self._lock:
             self.pending = [p for p in self.pending if p[2].id != job_id]
             heapq.heapify(self.pending)
         if job_id in self.agent.jobs:
-            self.agent.kill(job_id)
+            (self.agent.park if how == "held" else self.agent.kill)(job_id)
         else:
             self.agent.ended.add(job_id)
-        rec.finish = self.now()
-        rec.reason = "cancelled"
-        if job_id in self.cluster.jobs:
+        self._stopped_running(rec)
+        job = self.cluster.jobs.get(job_id)
+        if job is not None and job.status not in (JobStatus.DONE, JobStatus.KILLED):
             self._handle(E.Departure(self.now(), job_id, how="cancelled"))
-        self._set(rec, "cancelled", "cancelled")
+
+    def _end(self, job_id: str, status: str, reason: str) -> None:
+        rec = self.records[job_id]
+        self._withdraw(job_id, how=status)
+        rec.finish = self.now()
+        rec.reason = reason
+        self._set(rec, status, status)
+
+    def _stopped_running(self, rec: JobRecord) -> None:
+        if rec.running_since is not None:
+            rec.ran += self.now() - rec.running_since
+            rec.running_since = None
 
     def stop(self) -> None:
         """Make ``run`` return at its next step (jobs still running are stopped)."""
@@ -176,6 +264,11 @@ class LocalBackend:
     def _set(self, rec: JobRecord, what: str, status: str | None = None) -> None:
         if status is not None:
             rec.status = status
+            if status == "running" and rec.running_since is None:
+                rec.running_since = self.now()
+            elif status != "running":
+                self._stopped_running(rec)
+        self._dirty = True
         if self.on_change is not None:
             self.on_change(rec, what)
 
@@ -197,22 +290,23 @@ class LocalBackend:
 
     def _unfinished(self) -> bool:
         with self._lock:
-            return any(r.status not in ("done", "failed", "cancelled")
-                       for r in self.records.values())
+            return any(r.status not in TERMINAL for r in self.records.values())
 
     def _step(self) -> None:
         deadlines = [self.pending[0][0]] if self.pending else []
         if self.wakes:
             deadlines.append(self.wakes[0])
+        if self._dirty:
+            deadlines.append(self._snapshot_at + SNAPSHOT_EVERY_S)
         wait = max(0.0, min([0.5, *(d - self.now() for d in deadlines)]))
         try:
             self._on_agent(self.agent.events.get(timeout=wait))
         except queue.Empty:
             pass
         with self._lock:
-            cancels, self._cancels = self._cancels, []
-        for job_id in cancels:
-            self._cancel(job_id)
+            requests, self._requests = self._requests, []
+        for what, job_id, arg in requests:
+            self._carry_out(what, job_id, arg)
         while True:
             with self._lock:
                 if not self.pending or self.pending[0][0] > self.now():
@@ -224,6 +318,28 @@ class LocalBackend:
             while self.wakes and self.wakes[0] <= self.now():
                 heapq.heappop(self.wakes)
             self._handle(E.Tick(self.now()))
+        self._enforce_time_limits()
+        if self.now() >= self._next_sample:
+            self._sample()
+        if self._dirty and (self.agent.events.empty()
+                            or self.now() - self._snapshot_at >= SNAPSHOT_EVERY_S):
+            self._snapshot()  # when the loop has caught up, or under load at this rate
+
+    def _enforce_time_limits(self) -> None:
+        now = self.now()
+        for rec in self.records.values():
+            if (rec.time_limit is not None and rec.running_since is not None
+                    and rec.running_time(now) >= rec.time_limit):
+                self._end(rec.spec.id, "failed",
+                          f"time limit reached: it ran {rec.time_limit:g} s")
+
+    def _sample(self) -> None:
+        """Utilisation now: devices holding a job, and the mean utilisation the running
+        jobs report (a packed device counts its jobs' sum, at most 1)."""
+        c = self.cluster
+        busy = [min(1.0, sum(c.jobs[j].utilization or 0.0 for j in g.jobs)) for g in c.gpus]
+        self.samples.append((time.time(), c.allocated_count(), sum(busy) / len(busy)))
+        self._next_sample = self.now() + SAMPLE_EVERY_S
 
     def _on_agent(self, ev: AgentEvent) -> None:
         rec = self.records.get(ev.job_id)
@@ -260,50 +376,77 @@ class LocalBackend:
                 self._handle(E.Departure(now, ev.job_id, how=ev.kind))
 
     def _handle(self, event: E.Event) -> None:
+        t = time.perf_counter()
         self.scheduler.handle(event)
+        self.observer.decision(event, time.perf_counter() - t)
         self._track()
-        self._snapshot()
+        self._dirty = True
 
     # ---- why is my job pending? ---------------------------------------------------------
     def _snapshot(self) -> None:
         """A copy of what ``explain`` reads, swapped in whole: other threads never see the
         state half-changed, and never wait for the loop."""
         c, book = self.cluster, getattr(self.policy, "book", None)
+        self._dirty, self._snapshot_at = False, self.now()
         self._seen = {
             "free": c.free_count(), "devices": len(c.gpus),
             "queue": [jid for _, _, jid in c.queue],
             "jobs": {j.id: (j.status.value, j.gpus, j.num_gpus, j.priority)
-                     for j in c.jobs.values()},
+                     for j in c.jobs.values()
+                     if j.status not in (JobStatus.DONE, JobStatus.KILLED)},
             "shared": {g.id: list(g.jobs) for g in c.gpus if len(g.jobs) > 1},
+            "on": [sorted(g.jobs) for g in c.gpus],
             "home": dict(book.home) if book is not None else {},
             "height": [book.height(s) for s in range(len(c.nodes))] if book else [],
         }
+
+    def view(self) -> dict:
+        """Who is on which device, and who waits its turn where, from the snapshot."""
+        seen = self._seen or {}
+        home = seen.get("home", {})
+        nodes = []
+        for node in self.cluster.nodes:
+            devices = [{"id": g, "name": self.devices[g],
+                        "jobs": list(seen["on"][g]) if seen else []} for g in node.gpus]
+            # suspended for their turn, or admitted to the server and waiting for a first one
+            sliced = sorted(j for j, servers in home.items() if node.id in servers
+                            and seen["jobs"].get(j, ("",))[0] in ("suspended", "queued"))
+            nodes.append({"id": node.id, "devices": devices, "time_sliced": sliced})
+        return {"policy": self.policy.name, "total": len(self.devices),
+                "free": seen.get("free", len(self.devices)), "queue": seen.get("queue", []),
+                "nodes": nodes}
 
     def explain(self, job_id: str) -> dict:
         """The job's state, and why it is not running, in words."""
         rec = self.records.get(job_id)
         if rec is None:
             raise ValueError(f"no job {job_id!r}")
-        seen = getattr(self, "_seen", None)
+        seen = self._seen
         out = {"state": rec.status, "reason": "", "queue_position": None, "needs": None}
-        if rec.status in ("done", "failed", "cancelled"):
+        if rec.status in TERMINAL:
             out["reason"] = rec.reason or f"the job is {rec.status}"
             return out
-        if seen is None or job_id not in seen["jobs"]:
-            out["reason"] = "submitted; the scheduler has not taken it up yet"
+        if rec.status == "held":
+            out["reason"] = "held by its user: resume it to give it back to the scheduler"
             return out
-        status, gpus, want, _ = seen["jobs"][job_id]
+        # the record's state is the loop's latest; the snapshot adds details at most
+        # SNAPSHOT_EVERY_S old (who shares a device, the queue)
         quantum = getattr(self.policy, "quantum", None)
-        home = seen["home"].get(job_id)
-        if status == "running":
-            partners = sorted({j for g in gpus for j in seen["shared"].get(g, []) if j != job_id})
-            out["reason"] = (f"running on device(s) {', '.join(map(str, gpus))}"
+        home = seen["home"].get(job_id) if seen else None
+        if rec.status == "running":
+            partners = sorted({j for g in rec.devices for j in (seen["shared"] if seen else {})
+                               .get(g, []) if j != job_id})
+            out["reason"] = (f"running on device(s) {', '.join(map(str, rec.devices))}"
                              + (f", packed with {', '.join(partners)}" if partners else ""))
-        elif status == "suspended" or (home is not None and quantum):
+        elif rec.status == "suspended" or (home is not None and quantum):
             out["reason"] = (f"time-sliced: its server is over-subscribed (height "
                              f"{max(seen['height'][s] for s in home):.1f}); it runs at its turn, "
-                             f"in rounds of {quantum:g} s" if home else "suspended")
+                             f"in rounds of {quantum:g} s" if home else
+                             "suspended: it waits for its turn")
+        elif seen is None or job_id not in seen["jobs"]:
+            out["reason"] = "submitted; the scheduler has not taken it up yet"
         else:
+            _, _, want, _ = seen["jobs"][job_id]
             queue = seen["queue"]
             out["queue_position"] = queue.index(job_id) + 1 if job_id in queue else None
             out["needs"] = f"{want} free device(s)"
@@ -323,28 +466,30 @@ class LocalBackend:
         job = action.job_id
         if job in agent.ended:
             return  # it finished meanwhile; its Departure is on its way
-        if isinstance(action, A.Place):
-            agent.start(job, self.launches[job], action.gpus)
-            self.records[job].start = self.records[job].start or self.now()
-            self._set(self.records[job], "running", "running")
-        elif isinstance(action, (A.Resume, A.Pack)):
-            if job in agent.jobs:
+        rec = self.records[job]
+        if isinstance(action, (A.Place, A.Resume, A.Pack)):
+            if job in agent.jobs and not isinstance(action, A.Place):
                 agent.resume(job, action.gpus)
-            else:  # packed before it ever ran
+            else:  # a start (after a hold too), or packed before it ever ran
                 agent.start(job, self.launches[job], action.gpus)
-                self.records[job].start = self.records[job].start or self.now()
-            self._set(self.records[job], "running", "running")
+                rec.start = rec.start or self.now()
+            rec.devices = action.gpus
+            self._set(rec, "running", "running")
         elif isinstance(action, (A.Suspend, A.Unpack)):
             agent.suspend(job)
-            self._set(self.records[job], "suspended", "suspended")
+            self._set(rec, "suspended", "suspended")
         elif isinstance(action, (A.Migrate, A.Grow, A.Shrink)):
             agent.restart(job, action.gpus)
+            rec.devices = action.gpus
+            self._set(rec, "migrated" if isinstance(action, A.Migrate) else "resized")
         elif isinstance(action, A.Kill):
             agent.kill(job)
-            self.records[job].reason = "killed"
-            self.records[job].finish = self.now()
-            self._set(self.records[job], "failed", "failed")
-        self.actions.append((self.now(), action, time.perf_counter() - t))
+            rec.reason = "killed"
+            rec.finish = self.now()
+            self._set(rec, "failed", "failed")
+        seconds = time.perf_counter() - t
+        self.actions.append((self.now(), action, seconds))
+        self.observer.action(action, seconds)
 
     # ---- the timeline -------------------------------------------------------------------
     def _track(self) -> None:

@@ -2,49 +2,98 @@
 
 Every request carries ``Authorization: Bearer <token>``; a missing or unknown token gets 401.
 Users see and act on their own jobs, admins on all; another user's job is a 404, so its id
-leaks nothing. A submission is stored (committed) before it reaches the scheduler, and every
-transition the scheduler reports is stored as an event: a restarted server finds every job.
+leaks nothing (in the cluster view it is "(another user)"). A submission is stored
+(committed) before it reaches the scheduler, and every transition the scheduler reports is
+stored as an event: a restarted server finds every job.
+
+The shapes follow what users know from Ray Jobs and Kueue: a job resource with a state and
+a reason, sub-resources for its logs and events, verbs as POSTs (cancel, suspend, resume),
+and a PATCH for what may change (its priority).
+
+Confinement: a job runs in a directory inside its user's base directory (no absolute path,
+no ``..``, no symlink out), its checkpoints and logs live in the server's own job
+directory, and command arguments that are paths (absolute, or with ``..``) must lie inside
+the user's base directory. The command itself runs as the server's OS user: isolating
+hostile code needs per-user OS accounts or containers, which this server does not provide.
 """
 
+import asyncio
+import shlex
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query
-from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field
 
 from gandiva.runtime.agent import Launch
 from gandiva.runtime.local import JobRecord, LocalBackend
 from gandiva.server.jobspec import JobRequest
-from gandiva.server.store import TERMINAL, JobRow, Principal, Store
+from gandiva.server.metrics import Metrics
+from gandiva.server.store import TERMINAL, EventRow, JobRow, Principal, Store
 from gandiva.spec import JobSpec
+
+DASHBOARD = Path(__file__).parent / "dashboard"
+FOLLOW_POLL_S = 0.25  # how often a followed log or event stream looks for more
 
 
 class JobView(BaseModel):
     id: str
     name: str
     user_id: int
-    state: str
-    reason: str
+    state: str  # queued, running, suspended (its turn will come), held, done, failed, cancelled
+    reason: str  # why it failed or was stopped
+    why: str  # the scheduler's view in words: why it is (not) running
+    steps: int  # mini-batches done, as the job last reported (0 before this server saw any)
     priority: int
     gpus: int
     submitted_at: float
     started_at: float | None
     finished_at: float | None
 
-    @classmethod
-    def of(cls, row: JobRow) -> "JobView":
-        return cls(id=row.id, name=row.name, user_id=row.user_id, state=row.state,
-                   reason=row.reason, priority=row.priority, gpus=row.spec["gpus"],
-                   submitted_at=row.submitted_at, started_at=row.started_at,
-                   finished_at=row.finished_at)
-
 
 class EventView(BaseModel):
     id: int
+    job_id: str
     at: float
     kind: str
     data: dict[str, Any]
+
+    @classmethod
+    def of(cls, e: EventRow) -> "EventView":
+        return cls(id=e.id, job_id=e.job_id, at=e.at, kind=e.kind, data=e.data)
+
+
+class Change(BaseModel):
+    """What a user may change of a job after submitting it."""
+
+    model_config = ConfigDict(extra="forbid")
+    priority: int = Field(ge=-100, le=100)
+
+
+class Explanation(BaseModel):
+    state: str
+    reason: str
+    queue_position: int | None
+    needs: str | None
+
+
+class WhoAmI(BaseModel):
+    name: str
+    admin: bool
+
+
+class Sample(BaseModel):
+    at: float
+    allocated: int
+    busy: float
+
+
+class Utilisation(BaseModel):
+    total: int
+    samples: list[Sample]
 
 
 def to_scheduler(job_id: str, req: JobRequest, cwd: Path) -> tuple[JobSpec, Launch]:
@@ -62,6 +111,12 @@ def to_scheduler(job_id: str, req: JobRequest, cwd: Path) -> tuple[JobSpec, Laun
     return spec, Launch(command, cwd=cwd, env=dict(req.env))
 
 
+def unprocessable(field: str, msg: str) -> HTTPException:
+    """A 422 shaped like FastAPI's own validation errors: the field, and what to do."""
+    return HTTPException(422, detail=[{"loc": ["body", field], "msg": msg,
+                                       "type": "value_error"}])
+
+
 class Service:
     """The store and the scheduler's loop, joined: what the API calls."""
 
@@ -69,59 +124,150 @@ class Service:
         self.store = store
         self.backend = backend
         self.base_dir = base_dir
+        self.metrics = Metrics(backend)
+        self.owners: dict[str, tuple[int, str]] = {}  # job -> (user id, job name)
         backend.on_change = self._persist
 
     def user_dir(self, who: Principal) -> Path:
         return self.base_dir / "users" / who.name
 
-    def submit(self, who: Principal, req: JobRequest) -> str:
-        cwd = self.user_dir(who) / req.workdir
+    def workdir(self, who: Principal, req: JobRequest) -> Path:
+        """The job's directory, checked to lie inside the user's base directory (a symlink
+        out of it is refused too), and the command's path arguments with it."""
+        base = self.user_dir(who).resolve()
+        cwd = (base / req.workdir).resolve()
+        if not cwd.is_relative_to(base):
+            raise unprocessable("workdir", f"{req.workdir!r} leads out of your base directory "
+                                f"({base}); give a directory inside it")
         if not cwd.is_dir():
-            raise HTTPException(422, detail=[{"loc": ["body", "workdir"], "msg":
-                                f"{req.workdir!r} does not exist in your base directory "
-                                f"({self.user_dir(who)}); create it first",
-                                "type": "value_error"}])
+            raise unprocessable("workdir", f"{req.workdir!r} does not exist in your base "
+                                f"directory ({base}); create it first")
+        for i, arg in enumerate(req.command):
+            path = Path(arg)
+            if (path.is_absolute() or ".." in path.parts) and \
+                    not (cwd / path).resolve().is_relative_to(base):
+                raise unprocessable("command", f"argument {i} ({shlex.quote(arg)}) is a path "
+                                    f"outside your base directory ({base}); put the file "
+                                    "there and name it relative to the workdir")
+        return cwd
+
+    def submit(self, who: Principal, req: JobRequest) -> str:
+        cwd = self.workdir(who, req)
         if req.gpus > len(self.backend.devices):
-            raise HTTPException(422, detail=[{"loc": ["body", "gpus"], "msg":
-                                f"{req.gpus} GPUs asked; this cluster has "
-                                f"{len(self.backend.devices)}", "type": "value_error"}])
+            raise unprocessable("gpus", f"{req.gpus} GPUs asked; this cluster has "
+                                f"{len(self.backend.devices)}")
         job_id = self.store.submit(who, req)  # committed before the scheduler sees it
-        self.backend.submit(*to_scheduler(job_id, req, cwd))
+        self.owners[job_id] = (who.id, req.name)
+        self.backend.submit(*to_scheduler(job_id, req, cwd), time_limit=req.time_limit)
         return job_id
 
     def resume_unfinished(self) -> int:
         """After a restart: give the scheduler every job not yet finished; those that had
-        started restore from their latest checkpoints."""
+        started restore from their latest checkpoints. Held jobs stay held."""
         n = 0
         for row in self.store.unfinished():
-            req = JobRequest.model_validate(row.spec)
-            cwd = self.user_dir(self.store.owner(row.id)) / req.workdir
-            self.store.record(row.id, "requeued", {"after": "server restart"}, state="queued")
-            self.backend.submit(*to_scheduler(row.id, req, cwd))
+            req = JobRequest.model_validate(row.spec).model_copy(
+                update={"priority": row.priority})
+            owner = self.store.owner(row.id)
+            cwd = self.user_dir(owner) / req.workdir
+            self.owners[row.id] = (owner.id, row.name)
+            held = row.state == "held"
+            if not held:
+                self.store.record(row.id, "requeued", {"after": "server restart"},
+                                  state="queued")
+            self.backend.submit(*to_scheduler(row.id, req, cwd), time_limit=req.time_limit,
+                                held=held)
             n += 1
         return n
 
-    def cancel(self, who: Principal, row: JobRow) -> None:
+    def _live(self, row: JobRow) -> None:
         if row.state in TERMINAL:
             raise HTTPException(409, f"job {row.id!r} is {row.state} already")
+
+    def cancel(self, who: Principal, row: JobRow) -> None:
+        self._live(row)
         self.store.record(row.id, "cancel-requested", {"by": who.name})
         self.backend.cancel(row.id)
 
+    def hold(self, who: Principal, row: JobRow) -> None:
+        self._live(row)
+        if row.state == "held":
+            raise HTTPException(409, f"job {row.id!r} is held already")
+        self.store.record(row.id, "suspend-requested", {"by": who.name})
+        self.backend.hold(row.id)
+
+    def release(self, who: Principal, row: JobRow) -> None:
+        if row.state != "held":
+            raise HTTPException(409, f"job {row.id!r} is {row.state}, not held: only a job "
+                                "suspended by its user can be resumed")
+        self.store.record(row.id, "resume-requested", {"by": who.name})
+        self.backend.release(row.id)
+
+    def change(self, who: Principal, row: JobRow, change: Change) -> None:
+        self._live(row)
+        self.store.record(row.id, "priority", {"by": who.name, "from": row.priority,
+                                               "to": change.priority},
+                          priority=change.priority)
+        self.backend.set_priority(row.id, change.priority)
+
+    def why(self, row: JobRow) -> str:
+        if row.state in TERMINAL:
+            return row.reason or row.state
+        try:
+            return self.backend.explain(row.id)["reason"]
+        except ValueError:
+            return ""
+
+    def steps(self, row: JobRow) -> int:
+        rec = self.backend.records.get(row.id)
+        return rec.steps if rec is not None else 0
+
+    def view(self, row: JobRow) -> JobView:
+        return JobView(id=row.id, name=row.name, user_id=row.user_id, state=row.state,
+                       reason=row.reason, why=self.why(row), steps=self.steps(row),
+                       priority=row.priority,
+                       gpus=row.spec["gpus"], submitted_at=row.submitted_at,
+                       started_at=row.started_at, finished_at=row.finished_at)
+
+    def cluster(self, who: Principal) -> dict[str, Any]:
+        """The backend's view, each job named, or anonymous if ``who`` may not see it."""
+        def job(job_id: str) -> dict[str, Any]:
+            user, name = self.owners.get(job_id, (None, job_id))
+            mine = who.admin or user == who.id
+            return {"id": job_id if mine else None, "name": name if mine else "(another user)",
+                    "mine": user == who.id}
+
+        view = self.backend.view()
+        for node in view["nodes"]:
+            node["name"] = f"node{node['id']}"
+            node["time_sliced"] = [job(j) for j in node["time_sliced"]]
+            for d in node["devices"]:
+                d["kind"] = self.backend.cluster.gpus[d["id"]].type
+                d["jobs"] = [job(j) for j in d["jobs"]]
+                d["mode"] = {0: "idle", 1: "exclusive"}.get(len(d["jobs"]), "packed")
+        view["queue"] = [job(j)["id"] for j in view["queue"]]
+        return view
+
     def _persist(self, rec: JobRecord, what: str) -> None:
-        state = {"running": "running", "suspended": "suspended", "done": "done",
-                 "failed": "failed", "cancelled": "cancelled"}.get(what)
-        data = {"steps": rec.steps, "restarts": rec.restarts}
+        state = {"running": "running", "suspended": "suspended", "held": "held",
+                 "released": "queued", "done": "done", "failed": "failed",
+                 "cancelled": "cancelled"}.get(what)
+        data: dict[str, Any] = {"steps": rec.steps, "restarts": rec.restarts}
+        if what in ("running", "migrated", "resized"):
+            data["devices"] = list(rec.devices)
         self.store.record(rec.spec.id, what, data, state=state,
-                          reason=rec.reason if what in ("failed", "restarted") else None)
+                          reason=rec.reason if what in ("failed", "restarted", "cancelled")
+                          else None)
 
 
 def create_app(service: Service) -> FastAPI:
     app = FastAPI(title="gandiva", version="1",
                   description="Submit, watch and steer training jobs on a gandiva cluster.")
+    store = service.store
 
     def principal(authorization: Annotated[str | None, Header()] = None) -> Principal:
         scheme, _, token = (authorization or "").partition(" ")
-        who = service.store.principal(token) if scheme.lower() == "bearer" and token else None
+        who = store.principal(token) if scheme.lower() == "bearer" and token else None
         if who is None:
             raise HTTPException(401, "give a valid token: Authorization: Bearer <token>",
                                 headers={"WWW-Authenticate": "Bearer"})
@@ -130,55 +276,150 @@ def create_app(service: Service) -> FastAPI:
     Who = Annotated[Principal, Depends(principal)]
 
     def visible(who: Principal, job_id: str) -> JobRow:
-        row = service.store.job(who, job_id)
+        row = store.job(who, job_id)
         if row is None:
             raise HTTPException(404, f"no job {job_id!r}")
         return row
 
+    @app.get("/v1/whoami")
+    def whoami(who: Who) -> WhoAmI:
+        return WhoAmI(name=who.name, admin=who.admin)
+
     @app.post("/v1/jobs", status_code=201)
     def submit(req: JobRequest, who: Who) -> JobView:
         job_id = service.submit(who, req)
-        return JobView.of(visible(who, job_id))
+        return service.view(visible(who, job_id))
 
     @app.get("/v1/jobs")
-    def jobs(who: Who, state: str | None = None) -> list[JobView]:
+    def jobs(who: Who, state: Annotated[str | None, Query(
+            description="Comma-separated states, e.g. queued,running")] = None,
+             limit: Annotated[int, Query(ge=1, le=100_000)] = 1000) -> list[JobView]:
         states = tuple(s for s in (state or "").split(",") if s)
-        return [JobView.of(r) for r in service.store.jobs(who, states)]
+        return [service.view(r) for r in store.jobs(who, states, limit)]
 
     @app.get("/v1/jobs/{job_id}")
     def job(job_id: str, who: Who) -> JobView:
-        return JobView.of(visible(who, job_id))
+        return service.view(visible(who, job_id))
+
+    @app.patch("/v1/jobs/{job_id}")
+    def change(job_id: str, change: Change, who: Who) -> JobView:
+        """Change a job's priority; the policy takes it into account at once."""
+        service.change(who, visible(who, job_id), change)
+        return service.view(visible(who, job_id))
 
     @app.post("/v1/jobs/{job_id}/cancel")
     def cancel(job_id: str, who: Who) -> JobView:
-        """Cancel a queued, running or suspended job (its processes are stopped)."""
+        """Cancel a queued, running, suspended or held job (its processes are stopped)."""
         service.cancel(who, visible(who, job_id))
-        return JobView.of(visible(who, job_id))
+        return service.view(visible(who, job_id))
+
+    @app.post("/v1/jobs/{job_id}/suspend")
+    def suspend(job_id: str, who: Who) -> JobView:
+        """Hold a job: it checkpoints at its next mini-batch boundary and gives up its
+        devices until resumed (state "held")."""
+        service.hold(who, visible(who, job_id))
+        return service.view(visible(who, job_id))
+
+    @app.post("/v1/jobs/{job_id}/resume")
+    def resume(job_id: str, who: Who) -> JobView:
+        """Give a held job back to the scheduler; it continues from its checkpoint."""
+        service.release(who, visible(who, job_id))
+        return service.view(visible(who, job_id))
 
     @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse)
     def logs(job_id: str, who: Who, tail: Annotated[int, Query(ge=1, le=100_000)] = 200,
-             rank: Annotated[int, Query(ge=0)] = 0) -> str:
+             rank: Annotated[int, Query(ge=0, le=1023)] = 0,
+             follow: Annotated[bool, Query(description="Keep sending new lines until the "
+                                                       "job ends")] = False) -> Response:
         """The last ``tail`` lines of the job's output (one rank's), across its restarts."""
         visible(who, job_id)
         path = service.backend.agent.job_dir(job_id) / f"rank{rank}.log"
-        if not path.exists():
-            return ""
-        return "\n".join(path.read_text(errors="replace").splitlines()[-tail:]) + "\n"
+        text = path.read_bytes() if path.exists() else b""
+        start = b"".join(line + b"\n" for line in text.splitlines()[-tail:])
+        if not follow:
+            return PlainTextResponse(start)
+
+        async def more() -> AsyncIterator[bytes]:
+            yield start
+            offset = len(text)
+            while True:
+                ended = store.job(who, job_id).state in TERMINAL
+                if path.exists() and path.stat().st_size > offset:
+                    with open(path, "rb") as f:
+                        f.seek(offset)
+                        chunk = f.read()
+                    offset += len(chunk)
+                    yield chunk
+                elif ended:
+                    return
+                await asyncio.sleep(FOLLOW_POLL_S)
+
+        return StreamingResponse(more(), media_type="text/plain")
 
     @app.get("/v1/jobs/{job_id}/explain")
-    def explain(job_id: str, who: Who) -> dict[str, Any]:
+    def explain(job_id: str, who: Who) -> Explanation:
         """Why is my job pending? Its state, the reason in words, its place in line."""
         row = visible(who, job_id)
         try:
-            return service.backend.explain(job_id)
+            return Explanation(**service.backend.explain(job_id))
         except ValueError:  # stored but not (yet) given to the scheduler, or long finished
-            return {"state": row.state, "reason": row.reason or f"the job is {row.state}",
-                    "queue_position": None, "needs": None}
+            return Explanation(state=row.state, reason=service.why(row) or row.state,
+                               queue_position=None, needs=None)
 
     @app.get("/v1/jobs/{job_id}/events")
-    def events(job_id: str, who: Who, after: int = 0) -> list[EventView]:
+    def job_events(job_id: str, who: Who, after: int = 0,
+                   limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000) -> list[EventView]:
+        """The job's events after event id ``after``, oldest first."""
         visible(who, job_id)
-        return [EventView(id=e.id, at=e.at, kind=e.kind, data=e.data)
-                for e in service.store.events(job_id, after)]
+        return [EventView.of(e) for e in store.events(job_id, after, limit)]
 
+    @app.get("/v1/events")
+    def events(who: Who, after: int = 0, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000
+               ) -> list[EventView]:
+        """Events of every job you may see, after event id ``after``, oldest first."""
+        return [EventView.of(e) for e in store.all_events(who, after, limit)]
+
+    @app.get("/v1/events/stream")
+    async def event_stream(request: Request, who: Who, after: int = 0) -> StreamingResponse:
+        """The same events as a server-sent event stream that stays open; a client that
+        reconnects with ``Last-Event-ID`` continues where it left off."""
+        last = int(request.headers.get("last-event-id") or after)
+
+        async def stream() -> AsyncIterator[str]:
+            nonlocal last
+            while not await request.is_disconnected():
+                batch = await asyncio.to_thread(store.all_events, who, last, 1000)
+                for e in batch:
+                    last = e.id
+                    yield (f"id: {e.id}\nevent: {e.kind}\n"
+                           f"data: {EventView.of(e).model_dump_json()}\n\n")
+                if not batch:
+                    await asyncio.sleep(FOLLOW_POLL_S)
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    @app.get("/v1/cluster")
+    def cluster(who: Who) -> dict[str, Any]:
+        """Nodes and devices: which jobs run on each (two or more: packed), which wait for
+        their turn on each over-subscribed server (time-sliced), and the queue."""
+        return service.cluster(who)
+
+    @app.get("/v1/utilisation")
+    def utilisation(who: Who, since: float = 0.0) -> Utilisation:
+        """Devices holding a job, and the utilisation jobs report, sampled every second
+        (the last day of them; ask for those ``since`` the last you have)."""
+        samples = [Sample(at=at, allocated=n, busy=busy)
+                   for at, n, busy in list(service.backend.samples) if at >= since]
+        return Utilisation(total=len(service.backend.devices), samples=samples)
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        return Response(service.metrics.scrape(),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/", include_in_schema=False)
+    def home() -> RedirectResponse:
+        return RedirectResponse("/ui/")
+
+    app.mount("/ui", StaticFiles(directory=DASHBOARD, html=True), name="dashboard")
     return app

@@ -148,8 +148,10 @@ class Store:
         return job_id
 
     def record(self, job_id: str, kind: str, data: dict[str, Any] | None = None,
-               state: str | None = None, reason: str | None = None) -> None:
-        """Append an event of a job, and move it to ``state`` if given, in one transaction."""
+               state: str | None = None, reason: str | None = None,
+               priority: int | None = None) -> None:
+        """Append an event of a job, and move it to ``state`` (or ``priority``) if given, in
+        one transaction."""
         now = time.time()
         with Session(self.engine) as s, s.begin():
             job = s.get(JobRow, job_id)
@@ -165,6 +167,8 @@ class Store:
                     job.finished_at = now
             if reason is not None:
                 job.reason = reason
+            if priority is not None:
+                job.priority = priority
             s.add(EventRow(job_id=job_id, at=now, kind=kind, data=data or {}))
 
     def job(self, who: Principal, job_id: str) -> JobRow | None:
@@ -194,10 +198,18 @@ class Store:
                 q = q.where(JobRow.state.in_(states))
             return list(s.scalars(q))
 
-    def events(self, job_id: str, after: int = 0) -> list[EventRow]:
+    def events(self, job_id: str, after: int = 0, limit: int = 10_000) -> list[EventRow]:
         with Session(self.engine, expire_on_commit=False) as s:
             q = (select(EventRow).where(EventRow.job_id == job_id, EventRow.id > after)
-                 .order_by(EventRow.id))
+                 .order_by(EventRow.id).limit(limit))
+            return list(s.scalars(q))
+
+    def all_events(self, who: Principal, after: int = 0, limit: int = 1000) -> list[EventRow]:
+        """Events of every job ``who`` may see, after event id ``after``, oldest first."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            q = (select(EventRow).where(EventRow.id > after).order_by(EventRow.id).limit(limit))
+            if not who.admin:
+                q = q.join(JobRow, JobRow.id == EventRow.job_id).where(JobRow.user_id == who.id)
             return list(s.scalars(q))
 
     def unfinished(self) -> list[JobRow]:

@@ -1,0 +1,82 @@
+"""Prometheus metrics of a server: what its scrape at ``/metrics`` returns.
+
+Gauges are read from the loop's latest snapshot and records at scrape time (nothing to keep
+in step); decisions and actions are timed by the loop itself, through ``Observer``. Counts
+come with every histogram (``_count``), so suspend and migration counts are
+``gandiva_action_seconds_count{action="suspend"}`` and ``{action="migrate"}``.
+
+Decision: ``/metrics`` needs no token (Prometheus scrapes it); it shows aggregates only,
+never a job's id or its user.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from gandiva import actions as A
+from gandiva import events as E
+from gandiva.runtime.local import LocalBackend, Observer
+
+# from sub-millisecond decisions to checkpoints of large models
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+           30, 60)
+STATES = ("queued", "running", "suspended", "held", "done", "failed", "cancelled")
+
+
+class Metrics(Observer):
+    def __init__(self, backend: LocalBackend) -> None:
+        self.backend = backend
+        self.registry = CollectorRegistry()
+        self.decisions = Histogram(
+            "gandiva_decision_seconds", "Time the scheduler took to handle an event: the "
+            "policy's decision and carrying out its actions", ["event"], buckets=BUCKETS,
+            registry=self.registry)
+        self.actions = Histogram(
+            "gandiva_action_seconds", "Time to carry out an action on real processes "
+            "(place, suspend, resume, migrate, grow, shrink, pack, unpack, kill)", ["action"],
+            buckets=BUCKETS, registry=self.registry)
+        self.registry.register(self)
+        backend.observer = self
+
+    # ---- Observer ----------------------------------------------------------------------
+    def decision(self, event: E.Event, seconds: float) -> None:
+        self.decisions.labels(type(event).__name__.lower()).observe(seconds)
+
+    def action(self, action: A.Action, seconds: float) -> None:
+        if not isinstance(action, A.Wake):
+            self.actions.labels(type(action).__name__.lower()).observe(seconds)
+
+    # ---- a collector: gauges at scrape time ----------------------------------------------
+    def describe(self):
+        return []  # computed at each scrape
+
+    def collect(self):
+        b = self.backend
+        view = b.view()
+        states = Counter(r.status for r in list(b.records.values()))
+        jobs = GaugeMetricFamily("gandiva_jobs", "Jobs this server knows, by state",
+                                 labels=["state"])
+        for state in STATES:
+            jobs.add_metric([state], states.get(state, 0))
+        yield jobs
+        yield GaugeMetricFamily("gandiva_queue_length", "Jobs waiting for devices in the "
+                                "scheduler's queue", value=len(view["queue"]))
+        yield GaugeMetricFamily("gandiva_devices", "Devices (GPUs, or CPU slots standing in "
+                                "for them)", value=view["total"])
+        yield GaugeMetricFamily("gandiva_devices_allocated", "Devices holding at least one "
+                                "running job", value=view["total"] - view["free"])
+        shared = sum(1 for n in view["nodes"] for d in n["devices"] if len(d["jobs"]) > 1)
+        yield GaugeMetricFamily("gandiva_devices_packed", "Devices running two or more jobs "
+                                "at once", value=shared)
+        sliced = sum(len(n["time_sliced"]) for n in view["nodes"])
+        yield GaugeMetricFamily("gandiva_jobs_time_sliced", "Jobs suspended for their turn on "
+                                "an over-subscribed server", value=sliced)
+        util = b.samples[-1][2] if b.samples else 0.0
+        yield GaugeMetricFamily("gandiva_device_utilisation", "Mean device utilisation the "
+                                "running jobs report (0..1), at the latest sample", value=util)
+
+    def scrape(self) -> bytes:
+        return generate_latest(self.registry)
