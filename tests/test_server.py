@@ -1,5 +1,7 @@
-"""`gandiva server` as users run it: a real process, killed with SIGKILL and restarted."""
+"""`gandiva server` as users run it: a real process, killed with SIGKILL and restarted, over
+a SQLite file and over a PostgreSQL server."""
 
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,8 +37,9 @@ def client(port: int, token: str):
                          headers={"Authorization": f"Bearer {token}"}, timeout=10)
 
 
-def start(home: Path, port: int) -> subprocess.Popen:
-    return subprocess.Popen([*GANDIVA, "server", "--home", str(home), "--port", str(port),
+def start(home: Path, db: str, port: int) -> subprocess.Popen:
+    return subprocess.Popen([*GANDIVA, "server", "--home", str(home), "--db", db,
+                             "--port", str(port),
                              "--policy", "gandiva:quantum=1", "--slots", "2",
                              "--checkpoint-every", "0.5"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -55,16 +58,17 @@ def wait_up(http, proc, timeout=60.0) -> None:
     raise AssertionError("the server did not come up")
 
 
-def test_server_killed_with_sigkill_loses_no_job_and_resumes_from_checkpoints(tmp_path):
+def test_server_killed_with_sigkill_loses_no_job_and_resumes_from_checkpoints(tmp_path, db_url):
     home, port = tmp_path / "home", free_port()
-    token = subprocess.run([*GANDIVA, "user", "add", "ada", "--home", str(home)],
+    token = subprocess.run([*GANDIVA, "user", "add", "ada", "--home", str(home), "--db", db_url],
                            check=True, capture_output=True, text=True).stdout.strip()
-    proc = start(home, port)
+    shutil.copy(CNN, home / "users" / "ada" / "cnn.py")  # jobs use files of their user's
+    proc = start(home, db_url, port)
     http = client(port, token)
     try:
         wait_up(http, proc)
         ids = [http.post("/v1/jobs", json={"name": f"cnn{i}", "command":
-                                           ["python", CNN, "--steps", "3000"]}).json()["id"]
+                                           ["python", "cnn.py", "--steps", "3000"]}).json()["id"]
                for i in range(3)]
         deadline = time.monotonic() + 120
         ckpts = home / "run" / "jobs" / ids[0] / "checkpoints"
@@ -76,7 +80,7 @@ def test_server_killed_with_sigkill_loses_no_job_and_resumes_from_checkpoints(tm
         orphans = [int(line.split()[0]) for i in ids
                    for p in [home / "run" / "jobs" / i / "pids"] if p.exists()
                    for line in p.read_text().splitlines()]
-        proc = start(home, port)
+        proc = start(home, db_url, port)
         wait_up(http, proc)
         deadline = time.monotonic() + 240
         while True:
@@ -85,11 +89,14 @@ def test_server_killed_with_sigkill_loses_no_job_and_resumes_from_checkpoints(tm
                 break
             assert time.monotonic() < deadline, jobs
             time.sleep(0.5)
-        assert [jobs[i]["state"] for i in ids] == ["done"] * 3
+        assert [jobs[i]["state"] for i in ids] == ["done"] * 3 and len(jobs) == 3
         for pid in orphans:  # nothing of the killed server's jobs runs on (none runs twice)
             assert not Path(f"/proc/{pid}").exists() or "Z" in stat_state(pid)
-        kinds = [e["kind"] for e in http.get(f"/v1/jobs/{ids[0]}/events").json()]
+        events = http.get(f"/v1/jobs/{ids[0]}/events").json()
+        kinds = [e["kind"] for e in events]
         assert "requeued" in kinds and kinds[-1] == "done"
+        assert [e["at"] for e in events] == sorted(e["at"] for e in events)
+        assert not (home / "gandiva.db").exists()  # all of it was in the database asked for
         log = (home / "run" / "jobs" / ids[0] / "rank0.log").read_text()
         assert "restored from checkpoint at step" in log  # ...not from the beginning
     finally:

@@ -1,54 +1,85 @@
-"""The server's store on a real SQLite database: users and tokens, jobs and their events."""
+"""The server's store on real databases, SQLite and PostgreSQL: users and tokens, jobs and
+their events."""
 
-import sqlite3
 import threading
 
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
 
 from gandiva.server.jobspec import JobRequest
-from gandiva.server.store import Store, StoreError
+from gandiva.server.store import Store, StoreError, database_url
 
 
 @pytest.fixture
-def store(tmp_path):
-    return Store(str(tmp_path / "gandiva.db"))
+def store(db_url):
+    return Store(db_url)
 
 
-def request(name="train", **kw):
+def known_on_postgresql(request, db_url, reason, **kw):
+    """Mark a test expected to fail on PostgreSQL until the store is fixed (``reason``)."""
+    if db_url.startswith("postgresql"):
+        request.applymarker(pytest.mark.xfail(reason=reason, **kw))
+
+
+def job_request(name="train", **kw):
     return JobRequest(name=name, command=["python", "train.py"], **kw)
 
 
-def test_tokens_are_stored_hashed_and_identify_their_user(store, tmp_path):
+def rows(db_url, sql):
+    """Read the database behind the store's back, on a connection of our own."""
+    engine = create_engine(database_url(db_url))
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text(sql)).fetchall()
+    finally:
+        engine.dispose()
+
+
+def test_tokens_are_stored_hashed_and_identify_their_user(store, db_url):
     token = store.add_user("ada", admin=True)
     who = store.principal(token)
     assert who.name == "ada" and who.admin
     assert store.principal(token + "x") is None
     with pytest.raises(StoreError, match="exists already"):
         store.add_user("ada")
-    rows = sqlite3.connect(tmp_path / "gandiva.db").execute(
-        "select name, token_hash from users").fetchall()
-    assert rows[0][0] == "ada" and token not in rows[0][1] and len(rows[0][1]) == 64
+    [(name, token_hash)] = rows(db_url, "select name, token_hash from users")
+    assert name == "ada" and token not in token_hash and len(token_hash) == 64
 
 
-def test_jobs_and_events_persist_and_users_see_only_their_own(store, tmp_path):
+def test_jobs_and_events_persist_and_users_see_only_their_own(store, db_url):
     ada = store.principal(store.add_user("ada"))
     bob = store.principal(store.add_user("bob"))
     root = store.principal(store.add_user("root", admin=True))
-    a = store.submit(ada, request("a", gpus=2))
-    b = store.submit(bob, request("b"))
+    a = store.submit(ada, job_request("a", gpus=2))
+    b = store.submit(bob, job_request("b"))
     store.record(a, "placed", {"gpus": [0, 1]}, state="running")
     store.record(a, "finished", state="done", reason="")
     with pytest.raises(StoreError, match="is done; it cannot become running"):
         store.record(a, "placed", state="running")
-    reopened = Store(str(tmp_path / "gandiva.db"))  # a restart: everything is still there
+    store.engine.dispose()
+    reopened = Store(db_url)  # a restart: everything is still there
     assert [j.id for j in reopened.jobs(ada)] == [a]
     assert {j.id for j in reopened.jobs(root)} == {a, b}
     assert reopened.job(bob, a) is None and reopened.job(root, a).state == "done"
     job = reopened.job(ada, a)
     assert job.spec["gpus"] == 2 and job.started_at <= job.finished_at
-    assert [e.kind for e in reopened.events(a)] == ["submitted", "placed", "finished"]
+    events = reopened.events(a)
+    assert [e.kind for e in events] == ["submitted", "placed", "finished"]
+    assert events[1].data == {"gpus": [0, 1]} and events[0].data == {"by": "ada"}
+    assert [e.kind for e in reopened.events(a, after=events[0].id)] == ["placed", "finished"]
     assert [j.id for j in reopened.unfinished()] == [b]
     assert [j.id for j in reopened.jobs(root, states=("queued",))] == [b]
+
+
+def test_a_job_may_have_the_longest_name_a_spec_allows(store, db_url, request):
+    known_on_postgresql(request, db_url, "store.submit makes ids of the name and 9 more "
+                        "characters (up to 72) for String(40) columns; PostgreSQL refuses "
+                        "them (SQLite does not check lengths); fix pending in store.submit")
+    ada = store.principal(store.add_user("ada"))
+    name = "n" * 63
+    job_id = store.submit(ada, job_request(name))
+    assert store.job(ada, job_id).name == name
 
 
 def test_concurrent_submissions_lose_and_duplicate_nothing(store):
@@ -58,7 +89,7 @@ def test_concurrent_submissions_lose_and_duplicate_nothing(store):
 
     def submit_many():
         for _ in range(25):
-            job_id = store.submit(ada, request())
+            job_id = store.submit(ada, job_request())
             with lock:
                 ids.append(job_id)
 
@@ -69,3 +100,53 @@ def test_concurrent_submissions_lose_and_duplicate_nothing(store):
         t.join()
     assert len(ids) == len(set(ids)) == 200
     assert sorted(j.id for j in store.jobs(ada)) == sorted(ids)
+
+
+def test_a_reader_following_a_jobs_events_misses_none_while_they_are_written(
+        store, db_url, request):
+    """The API's ``after`` cursor: whoever polls the events after the last id it saw must
+    see every event once, in order, even while the scheduler and the API both write."""
+    known_on_postgresql(request, db_url, "events are written concurrently, so on PostgreSQL "
+                        "their ids (a sequence) follow insertion, not commit, and a reader "
+                        "can pass one not yet committed; fix pending in store.record and "
+                        "store.submit (lock the events table)",
+                        strict=False)  # a race: it may pass by luck
+    ada = store.principal(store.add_user("ada"))
+    job_id = store.submit(ada, job_request())
+    writers, each = 8, 25
+    seen: list[int] = []
+
+    def write(w):
+        for i in range(each):
+            store.record(job_id, "progress", {"writer": w, "i": i})
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    while True:
+        done = not any(t.is_alive() for t in threads)  # then one last read sees the rest
+        seen += [e.id for e in store.events(job_id, after=seen[-1] if seen else 0)]
+        if done:
+            break
+    everything = [e.id for e in store.events(job_id)]
+    assert len(everything) == 1 + writers * each
+    assert seen == everything
+
+
+@pytest.mark.xfail(reason="the store's pool hands out connections the restart closed (a "
+                   "failed call for each); fix pending: pool_pre_ping=True in Store's "
+                   "create_engine", raises=OperationalError, strict=True)
+def test_acknowledged_jobs_survive_a_crash_of_postgresql_and_the_store_carries_on(postgres):
+    """A database server restarts (a crash, an upgrade): what was committed is there, and
+    the running server's store goes on without a failed call."""
+    url = postgres.create_database()
+    store = Store(url)
+    ada = store.principal(store.add_user("ada"))
+    ids = [store.submit(ada, job_request()) for _ in range(3)]
+    store.record(ids[0], "placed", {"gpus": [0]}, state="running")
+    postgres.crash_and_restart()
+    after = Store(url)
+    assert [j.id for j in after.jobs(ada)] == ids and after.job(ada, ids[0]).state == "running"
+    assert [e.kind for e in after.events(ids[0])] == ["submitted", "placed"]
+    store.record(ids[0], "finished", state="done")  # the store that was open all along
+    assert [j.id for j in store.unfinished()] == ids[1:]
