@@ -16,6 +16,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gandiva import cli_jobs
+
 app = typer.Typer(help="gandiva: a scheduler for deep-learning jobs on shared GPU clusters.",
                   no_args_is_help=True, add_completion=False)
 console = Console()
@@ -353,6 +355,8 @@ def policies() -> None:
         doc = (cls.__module__ and importlib.import_module(cls.__module__).__doc__) or ""
         console.print(f"  [dim]{doc.strip().splitlines()[0]}[/]")
 
+
+cli_jobs.register(app)  # submit, jobs, show, logs, cancel, ...: the client of a server
 
 if __name__ == "__main__":
     app()

@@ -5,7 +5,6 @@ import threading
 
 import pytest
 from sqlalchemy import create_engine, text
-from sqlalchemy.exc import OperationalError
 
 from gandiva.server.jobspec import JobRequest
 from gandiva.server.store import Store, StoreError, database_url
@@ -14,12 +13,6 @@ from gandiva.server.store import Store, StoreError, database_url
 @pytest.fixture
 def store(db_url):
     return Store(db_url)
-
-
-def known_on_postgresql(request, db_url, reason, **kw):
-    """Mark a test expected to fail on PostgreSQL until the store is fixed (``reason``)."""
-    if db_url.startswith("postgresql"):
-        request.applymarker(pytest.mark.xfail(reason=reason, **kw))
 
 
 def job_request(name="train", **kw):
@@ -72,10 +65,7 @@ def test_jobs_and_events_persist_and_users_see_only_their_own(store, db_url):
     assert [j.id for j in reopened.jobs(root, states=("queued",))] == [b]
 
 
-def test_a_job_may_have_the_longest_name_a_spec_allows(store, db_url, request):
-    known_on_postgresql(request, db_url, "store.submit makes ids of the name and 9 more "
-                        "characters (up to 72) for String(40) columns; PostgreSQL refuses "
-                        "them (SQLite does not check lengths); fix pending in store.submit")
+def test_a_job_may_have_the_longest_name_a_spec_allows(store, db_url):
     ada = store.principal(store.add_user("ada"))
     name = "n" * 63
     job_id = store.submit(ada, job_request(name))
@@ -103,14 +93,9 @@ def test_concurrent_submissions_lose_and_duplicate_nothing(store):
 
 
 def test_a_reader_following_a_jobs_events_misses_none_while_they_are_written(
-        store, db_url, request):
+        store, db_url):
     """The API's ``after`` cursor: whoever polls the events after the last id it saw must
     see every event once, in order, even while the scheduler and the API both write."""
-    known_on_postgresql(request, db_url, "events are written concurrently, so on PostgreSQL "
-                        "their ids (a sequence) follow insertion, not commit, and a reader "
-                        "can pass one not yet committed; fix pending in store.record and "
-                        "store.submit (lock the events table)",
-                        strict=False)  # a race: it may pass by luck
     ada = store.principal(store.add_user("ada"))
     job_id = store.submit(ada, job_request())
     writers, each = 8, 25
@@ -133,9 +118,6 @@ def test_a_reader_following_a_jobs_events_misses_none_while_they_are_written(
     assert seen == everything
 
 
-@pytest.mark.xfail(reason="the store's pool hands out connections the restart closed (a "
-                   "failed call for each); fix pending: pool_pre_ping=True in Store's "
-                   "create_engine", raises=OperationalError, strict=True)
 def test_acknowledged_jobs_survive_a_crash_of_postgresql_and_the_store_carries_on(postgres):
     """A database server restarts (a crash, an upgrade): what was committed is there, and
     the running server's store goes on without a failed call."""

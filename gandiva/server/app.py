@@ -18,7 +18,9 @@ hostile code needs per-user OS accounts or containers, which this server does no
 """
 
 import asyncio
+import logging
 import shlex
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -27,16 +29,19 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.exc import OperationalError
 
 from gandiva.runtime.agent import Launch
 from gandiva.runtime.local import JobRecord, LocalBackend
 from gandiva.server.jobspec import JobRequest
 from gandiva.server.metrics import Metrics
-from gandiva.server.store import TERMINAL, EventRow, JobRow, Principal, Store
+from gandiva.server.store import TERMINAL, EventRow, JobRow, Principal, Store, StoreError
 from gandiva.spec import JobSpec
 
 DASHBOARD = Path(__file__).parent / "dashboard"
 FOLLOW_POLL_S = 0.25  # how often a followed log or event stream looks for more
+PERSIST_TRIES = 8  # a database that went away gets about 25 s to come back
+log = logging.getLogger("gandiva.server")
 
 
 class JobView(BaseModel):
@@ -255,9 +260,19 @@ class Service:
         data: dict[str, Any] = {"steps": rec.steps, "restarts": rec.restarts}
         if what in ("running", "migrated", "resized"):
             data["devices"] = list(rec.devices)
-        self.store.record(rec.spec.id, what, data, state=state,
-                          reason=rec.reason if what in ("failed", "restarted", "cancelled")
-                          else None)
+        reason = rec.reason if what in ("failed", "restarted", "cancelled") else None
+        for attempt in range(PERSIST_TRIES):
+            try:
+                self.store.record(rec.spec.id, what, data, state=state, reason=reason)
+                return
+            except OperationalError as e:  # the database is down or restarting: wait for it
+                log.warning("cannot store %s of %s (%s); retrying", what, rec.spec.id, e)
+                time.sleep(min(0.1 * 2 ** attempt, 8.0))
+            except StoreError as e:  # e.g. a job that ended as it was cancelled
+                log.warning("not stored: %s", e)
+                return
+        # the scheduler goes on: a lost transition is corrected by the next one it stores
+        log.error("gave up storing %s of %s: the database is unreachable", what, rec.spec.id)
 
 
 def create_app(service: Service) -> FastAPI:

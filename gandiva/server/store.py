@@ -32,6 +32,7 @@ from sqlalchemy import (
     create_engine,
     event,
     select,
+    text,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -106,10 +107,19 @@ def database_url(url: str) -> str:
 class Store:
     def __init__(self, url: str) -> None:
         self.url = database_url(url)
-        self.engine: Engine = create_engine(self.url)
+        # pre-ping: a connection the database dropped (it restarted) is replaced, not used
+        self.engine: Engine = create_engine(self.url, pool_pre_ping=True)
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self.migrate()
+
+    def _events_in_commit_order(self, s: Session) -> None:
+        """PostgreSQL numbers events from a sequence as they are inserted, so two writers
+        could commit 11 before 10, and a reader following ``after`` would pass 10 for good.
+        One writer of events at a time keeps ids in commit order (SQLite has one writer
+        anyway); readers are not blocked."""
+        if self.engine.dialect.name == "postgresql":
+            s.execute(text("LOCK TABLE events IN EXCLUSIVE MODE"))
 
     def migrate(self) -> None:
         """Bring the schema to the newest revision (creating it in an empty database)."""
@@ -137,9 +147,10 @@ class Store:
     # ---- jobs ---------------------------------------------------------------------------
     def submit(self, who: Principal, request: JobRequest) -> str:
         """Store a new job (queued) and its first event; return its id."""
-        job_id = f"{request.name}-{uuid.uuid4().hex[:8]}"
+        job_id = f"{request.name[:31]}-{uuid.uuid4().hex[:8]}"  # at most 40: the id columns
         now = time.time()
         with Session(self.engine) as s, s.begin():
+            self._events_in_commit_order(s)
             s.add(JobRow(id=job_id, user_id=who.id, name=request.name,
                          spec=request.model_dump(), state="queued", reason="",
                          priority=request.priority, submitted_at=now))
@@ -154,6 +165,7 @@ class Store:
         one transaction."""
         now = time.time()
         with Session(self.engine) as s, s.begin():
+            self._events_in_commit_order(s)
             job = s.get(JobRow, job_id)
             if job is None:
                 raise StoreError(f"no job {job_id!r}")

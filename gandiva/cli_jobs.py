@@ -1,0 +1,200 @@
+"""The CLI over the REST API: ``gandiva submit/jobs/show/logs/cancel/suspend/resume/priority/
+explain/cluster/login``. Each command is one or two API calls and a rich table."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from gandiva.client import Client, ClientError, Settings
+from gandiva.server.jobspec import SpecError, parse
+
+console = Console()
+err = Console(stderr=True)
+
+Url = Annotated[str | None, typer.Option("--url", help="Server URL (else GANDIVA_URL, the "
+                                         "config file, http://127.0.0.1:8080)")]
+Token = Annotated[str | None, typer.Option("--token", help="Your token (else GANDIVA_TOKEN, "
+                                           "the config file)")]
+JobId = Annotated[str, typer.Argument(help="The job's id (as `gandiva jobs` lists it)")]
+STATE_STYLE = {"running": "green", "suspended": "yellow", "held": "magenta", "queued": "cyan",
+               "done": "dim", "failed": "red", "cancelled": "dim"}
+
+
+def _client(url: str | None, token: str | None) -> Client:
+    return Client(Settings.resolve(url, token))
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {escape(message)}")
+    return typer.Exit(2)
+
+
+def _when(t: float | None) -> str:
+    return datetime.fromtimestamp(t).strftime("%m-%d %H:%M:%S") if t else ""
+
+
+def _state(s: str) -> str:
+    return f"[{STATE_STYLE.get(s, 'white')}]{s}[/]"
+
+
+def _jobs_table(jobs: list[dict[str, Any]]) -> Table:
+    t = Table(box=None, header_style="bold")
+    for col in ("ID", "STATE", "GPUS", "PRIO", "STEPS", "SUBMITTED", "WHY"):
+        t.add_column(col, overflow="fold")
+    for j in jobs:
+        t.add_row(j["id"], _state(j["state"]), str(j["gpus"]), str(j["priority"]),
+                  str(j["steps"]), _when(j["submitted_at"]), escape(j["why"]))
+    return t
+
+
+def _show(job: dict[str, Any]) -> None:
+    t = Table(box=None, show_header=False)
+    t.add_column(style="bold")
+    t.add_column(overflow="fold")
+    for key in ("id", "name", "state", "why", "reason", "gpus", "priority", "steps"):
+        value = job[key]
+        t.add_row(key, _state(value) if key == "state" else escape(str(value)))
+    for key in ("submitted_at", "started_at", "finished_at"):
+        t.add_row(key.removesuffix("_at"), _when(job[key]))
+    console.print(t)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the client commands to the ``gandiva`` command line."""
+
+    def run(call):
+        try:
+            return call()
+        except ClientError as e:
+            raise _fail(str(e)) from None
+
+    @app.command()
+    def login(url: Url = None, token: Token = None) -> None:
+        """Save the server URL and your token in the config file (checked first)."""
+        settings = Settings.resolve(url, token)
+        me = run(lambda: Client(settings).whoami())
+        path = settings.save()
+        console.print(f"logged in to {settings.url} as [bold]{escape(me['name'])}[/]"
+                      f"{' (admin)' if me['admin'] else ''}; saved in {path}")
+
+    @app.command()
+    def submit(spec: Annotated[Path, typer.Argument(help="Job spec, YAML or JSON")],
+               url: Url = None, token: Token = None,
+               follow: Annotated[bool, typer.Option("--follow", "-f",
+                                                    help="Then follow its log")] = False
+               ) -> None:
+        """Submit a job; prints its id."""
+        if not spec.exists():
+            raise _fail(f"{spec}: no such file")
+        try:
+            req = parse(spec.read_text(), str(spec))  # the same checks the server makes
+        except SpecError as e:
+            raise _fail(str(e)) from None
+        client = run(lambda: _client(url, token))
+        job = run(lambda: client.submit(req.model_dump(mode="json")))
+        console.print(job["id"])
+        if follow:
+            _follow(client, job["id"], tail=200, rank=0)
+
+    @app.command()
+    def jobs(url: Url = None, token: Token = None,
+             state: Annotated[str | None, typer.Option(help="Only these states, e.g. "
+                                                       "queued,running")] = None) -> None:
+        """List your jobs (an admin: everyone's)."""
+        console.print(_jobs_table(run(lambda: _client(url, token).jobs(state))))
+
+    @app.command()
+    def show(job_id: JobId, url: Url = None, token: Token = None) -> None:
+        """A job's details and its events."""
+        client = run(lambda: _client(url, token))
+        _show(run(lambda: client.job(job_id)))
+        t = Table(box=None, header_style="bold", title="events", title_justify="left")
+        for col in ("AT", "EVENT", "DETAIL"):
+            t.add_column(col)
+        for e in run(lambda: client.events(job_id)):
+            t.add_row(_when(e["at"]), e["kind"], escape(", ".join(
+                f"{k}={v}" for k, v in e["data"].items())))
+        console.print(t)
+
+    def _follow(client: Client, job_id: str, tail: int, rank: int) -> None:
+        for chunk in client.stream(f"/v1/jobs/{job_id}/logs", tail=tail, rank=rank,
+                                   follow="true"):
+            console.out(chunk, end="", highlight=False)
+
+    @app.command()
+    def logs(job_id: JobId, url: Url = None, token: Token = None,
+             follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new "
+                                                  "lines until the job ends")] = False,
+             tail: Annotated[int, typer.Option(help="Lines from the end")] = 200,
+             rank: Annotated[int, typer.Option(help="Which rank's log")] = 0) -> None:
+        """A job's output (across its restarts)."""
+        client = run(lambda: _client(url, token))
+        if follow:
+            run(lambda: _follow(client, job_id, tail, rank))
+        else:
+            console.out(run(lambda: client.logs(job_id, tail, rank)), end="", highlight=False)
+
+    def verb(name: str, doc: str) -> None:
+        def command(job_id: JobId, url: Url = None, token: Token = None) -> None:
+            job = run(lambda: _client(url, token).act(job_id, name))
+            console.print(f"{job['id']}: {_state(job['state'])}")
+        command.__doc__ = doc
+        app.command(name)(command)
+
+    verb("cancel", "Cancel a job; its processes are stopped.")
+    verb("suspend", "Hold a job: it checkpoints and gives up its devices until resumed.")
+    verb("resume", "Give a held job back to the scheduler; it continues from its checkpoint.")
+
+    @app.command()
+    def priority(job_id: JobId, value: Annotated[int, typer.Argument(help="-100..100; higher "
+                                                                     "runs first")],
+                 url: Url = None, token: Token = None) -> None:
+        """Change a job's priority."""
+        job = run(lambda: _client(url, token).set_priority(job_id, value))
+        console.print(f"{job['id']}: priority {job['priority']}")
+
+    @app.command()
+    def explain(job_id: JobId, url: Url = None, token: Token = None) -> None:
+        """Why is my job pending (or where is it running)?"""
+        why = run(lambda: _client(url, token).explain(job_id))
+        console.print(f"{job_id}: {_state(why['state'])}")
+        console.print(escape(why["reason"]))
+        if why["queue_position"]:
+            console.print(f"place in line: {why['queue_position']}")
+        if why["needs"]:
+            console.print(f"to start it needs: {escape(why['needs'])}")
+
+    @app.command()
+    def cluster(url: Url = None, token: Token = None,
+                watch: Annotated[float, typer.Option(help="Redraw every N seconds (0: "
+                                                     "once)")] = 0.0) -> None:
+        """Nodes and devices: who runs where, packed or time-sliced, and the queue."""
+        client = run(lambda: _client(url, token))
+        while True:
+            view = run(client.cluster)
+            t = Table(box=None, header_style="bold",
+                      title=f"{view['policy']}: {view['total'] - view['free']} of "
+                            f"{view['total']} devices busy, {len(view['queue'])} queued",
+                      title_justify="left")
+            for col in ("NODE", "DEVICE", "MODE", "RUNNING", "TIME-SLICED (WAITING TURN)"):
+                t.add_column(col, overflow="fold")
+            for node in view["nodes"]:
+                sliced = ", ".join(j["name"] if j["id"] is None else j["id"]
+                                   for j in node["time_sliced"])
+                for i, d in enumerate(node["devices"]):
+                    t.add_row(node["name"] if i == 0 else "", d["name"], d["mode"],
+                              ", ".join(j["name"] if j["id"] is None else j["id"]
+                                        for j in d["jobs"]), sliced if i == 0 else "")
+            console.print(t)
+            if not watch:
+                return
+            time.sleep(watch)
+            console.clear()

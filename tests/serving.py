@@ -1,0 +1,76 @@
+"""A real `gandiva server` for tests, started the way a user starts one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GANDIVA = [sys.executable, "-m", "gandiva.cli"]
+CPU_ONLY = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # CPU slots, whatever GPUs there are
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    url: str
+    home: Path
+    tokens: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+
+    def user_dir(self, user: str) -> Path:
+        return self.home / "users" / user
+
+
+def add_user(home: Path, name: str, admin: bool = False) -> str:
+    """`gandiva user add NAME`: the token it prints."""
+    return subprocess.run([*GANDIVA, "user", "add", name, "--home", str(home),
+                           *(["--admin"] if admin else [])],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+@contextmanager
+def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str = "gandiva",
+            slots: int = 2, extra: tuple[str, ...] = ()) -> Iterator[Server]:
+    """Users added, then `gandiva server` up (its /v1/whoami answers); SIGTERM at the end."""
+    import httpx2
+
+    tokens = {u: add_user(home, u) for u in users}
+    port, log = free_port(), home / "server.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([*GANDIVA, "server", "--home", str(home), "--port", str(port),
+                                 "--slots", str(slots), "--policy", policy, *extra],
+                                stdout=out, stderr=subprocess.STDOUT, env=CPU_ONLY)
+    srv = Server(f"http://127.0.0.1:{port}", home, tokens, proc)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, log.read_text()
+            try:
+                r = httpx2.get(f"{srv.url}/v1/whoami", timeout=2,
+                               headers={"Authorization": f"Bearer {tokens[users[0]]}"})
+                if r.status_code == 200:
+                    break
+            except httpx2.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"the server did not come up: {log.read_text()}"
+            time.sleep(0.2)
+        yield srv
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -1,0 +1,128 @@
+"""The CLI over the API, as a user runs it: `gandiva login/submit/jobs/show/logs -f/explain/
+cluster/suspend/resume/priority/cancel` as processes, against a real `gandiva server`."""
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+from serving import GANDIVA, running  # noqa: E402
+
+CNN = Path(__file__).resolve().parents[1] / "examples" / "cnn.py"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    home = tmp_path_factory.mktemp("client") / "home"
+    with running(home, users=("alice", "bob"), policy="gandiva:-pack:quantum=2") as srv:
+        shutil.copy(CNN, srv.user_dir("alice") / "cnn.py")
+        yield srv
+
+
+def cli(*args, config: Path, env: dict | None = None, check: bool = True,
+        timeout: float = 120) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "GANDIVA_CONFIG": str(config), "COLUMNS": "200",
+                "GANDIVA_URL": "", "GANDIVA_TOKEN": "", **(env or {})}
+    for key in ("GANDIVA_URL", "GANDIVA_TOKEN"):
+        if not full_env[key]:
+            del full_env[key]
+    r = subprocess.run([*GANDIVA, *args], capture_output=True, text=True, env=full_env,
+                       timeout=timeout)
+    if check:
+        assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+@pytest.fixture
+def alice(server, tmp_path):
+    """A config file written by `gandiva login` for alice: later commands need no flags."""
+    config = tmp_path / "client.yaml"
+    r = cli("login", "--url", server.url, "--token", server.tokens["alice"], config=config)
+    assert "as alice" in r.stdout
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600  # it holds a token
+    return config
+
+
+def spec(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+def wait_for(get, ok, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not ok(value := get()):
+        assert time.monotonic() < deadline, f"still {value!r}"
+        time.sleep(0.3)
+    return value
+
+
+def test_submit_follow_show_and_list(server, alice, tmp_path):
+    job = spec(tmp_path, "name: short\ncommand: python cnn.py --steps 200\n")
+    r = cli("submit", str(job), "--follow", config=alice)
+    job_id = r.stdout.splitlines()[0]
+    assert job_id.startswith("short-") and "done: 200 steps" in r.stdout  # followed to the end
+    shown = cli("show", job_id, config=alice).stdout
+    assert "done" in shown and "submitted" in shown and "running" in shown
+    listed = cli("jobs", "--state", "done", config=alice).stdout
+    assert job_id in listed
+    assert "done: 200 steps" in cli("logs", job_id, "--tail", "3", config=alice).stdout
+    # bob sees none of it, through flags rather than a config file
+    r = cli("show", job_id, "--url", server.url, "--token", server.tokens["bob"],
+            config=tmp_path / "none.yaml", check=False)
+    assert r.returncode == 2 and f"no job '{job_id}'" in r.stderr
+
+
+def test_time_slicing_seen_through_explain_and_cluster_and_steered(server, alice, tmp_path):
+    ids = []
+    for i in range(3):  # 3 jobs on 2 slots: gandiva over-subscribes and time-slices
+        job = spec(tmp_path, f"name: long{i}\ncommand: python cnn.py --steps 100000\n")
+        ids.append(cli("submit", str(job), config=alice).stdout.strip())
+    out = wait_for(lambda: cli("cluster", config=alice).stdout,
+                   lambda o: "2 of 2 devices busy" in o and sum(i in o for i in ids) == 3)
+    assert "exclusive" in out
+    why = wait_for(lambda: [cli("explain", i, config=alice).stdout for i in ids],
+                   lambda ws: any("time-sliced" in w for w in ws))
+    assert sum("running on device" in w for w in why) >= 1
+    # steer: priority, suspend (hold), resume, cancel
+    assert "priority 5" in cli("priority", ids[0], "5", config=alice).stdout
+    cli("suspend", ids[1], config=alice)
+    wait_for(lambda: cli("jobs", "--state", "held", config=alice).stdout, lambda o: ids[1] in o)
+    assert "held by its user" in cli("explain", ids[1], config=alice).stdout
+    r = cli("suspend", ids[1], config=alice, check=False)
+    assert r.returncode == 2 and "held already" in r.stderr
+    cli("resume", ids[1], config=alice)
+    for i in ids:
+        cli("cancel", i, config=alice)
+    wait_for(lambda: cli("jobs", "--state", "cancelled", config=alice).stdout,
+             lambda o: all(i in o for i in ids))
+
+
+def test_errors_name_the_field_and_the_fix(server, alice, tmp_path):
+    r = cli("submit", str(spec(tmp_path, "name: x\ncommand: python cnn.py\ngpus: 0\n")),
+            config=alice, check=False)
+    assert r.returncode == 2 and "gpus: Input should be greater than or equal to 1" in r.stderr
+    r = cli("submit", str(spec(tmp_path, "name: x\ncommand: python cnn.py\nworkdir: nope\n")),
+            config=alice, check=False)  # only the server knows: it says which field
+    assert r.returncode == 2 and "workdir: 'nope' does not exist" in r.stderr
+    r = cli("jobs", "--token", "wrong", config=alice, check=False)
+    assert r.returncode == 2 and "refused the token" in r.stderr
+    r = cli("jobs", "--url", "http://127.0.0.1:9", config=alice, check=False)
+    assert r.returncode == 2 and "cannot reach the server" in r.stderr
+    r = cli("jobs", config=tmp_path / "absent.yaml", check=False)
+    assert r.returncode == 2 and "no token" in r.stderr
+    # the environment overrides the config file
+    r = cli("jobs", config=alice, env={"GANDIVA_TOKEN": "wrong"}, check=False)
+    assert r.returncode == 2 and "refused the token" in r.stderr
+
+
+def test_the_cli_client_runs_without_a_server_module_import_error():
+    r = subprocess.run([sys.executable, "-c", "import gandiva.cli_jobs, gandiva.client"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
