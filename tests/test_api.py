@@ -99,6 +99,10 @@ def test_submitted_job_runs_and_only_its_owner_and_admins_see_it(server, tmp_pat
     kinds = [e["kind"] for e in client.get(f"/v1/jobs/{job_id}/events",
                                            headers=auth(tokens["ada"])).json()]
     assert kinds[0] == "submitted" and "running" in kinds and kinds[-1] == "done"
+    events = client.get(f"/v1/jobs/{job_id}/events", headers=auth(tokens["ada"])).json()
+    profile = next(e["data"] for e in events if e["kind"] == "profile")  # stored as it ran
+    assert profile["mini_batch_time"] > 0 and profile["memory_gb"] > 0
+    assert next(e for e in events if e["kind"] == "running")["data"]["devices"] in ([0], [1])
     log = client.get(f"/v1/jobs/{job_id}/logs?tail=5", headers=auth(tokens["ada"])).text
     assert "done: 100 steps" in log and len(log.splitlines()) <= 5
     assert client.get(f"/v1/jobs/{job_id}/logs", headers=auth(tokens["bob"])).status_code == 404

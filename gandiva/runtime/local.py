@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from gandiva import actions as A
@@ -68,6 +69,8 @@ class JobRecord:
     time_limit: float | None = None  # seconds of running (time-sliced turns not counted)
     ran: float = 0.0  # seconds it ran before ``running_since``
     running_since: float | None = None
+    profile: dict = field(default_factory=dict)  # its latest profile sample
+    profiled_at: float = float("-inf")  # when a profile summary was last reported
 
     def running_time(self, now: float) -> float:
         return self.ran + (now - self.running_since if self.running_since is not None else 0.0)
@@ -79,6 +82,7 @@ SNAPSHOT_EVERY_S = 0.2  # under load, explain, the cluster view and metrics read
 # the loop more than the events)
 SAMPLE_EVERY_S = 1.0  # utilisation samples
 SAMPLES_KEPT = 86_400  # a day of them
+PROFILE_EVERY_S = 60.0  # a job's profile summary is reported (and stored) this often
 
 
 class Observer:
@@ -350,9 +354,13 @@ class LocalBackend:
             d = ev.data
             rec.steps = d["step"]
             rec.metrics.update(d.get("metrics") or {})
+            rec.profile = {k: d[k] for k in ("mini_batch_time", "memory_gb", "utilization")}
             if rec.first_feedback is None and rec.steps >= self.feedback_steps:
                 rec.first_feedback = now
                 self._set(rec, "feedback")
+            if now - rec.profiled_at >= PROFILE_EVERY_S:
+                rec.profiled_at = now
+                self._set(rec, "profile")
             job = self.cluster.jobs.get(ev.job_id)
             if job is not None and job.status is JobStatus.RUNNING:
                 self._handle(E.ProfileSample(now, ev.job_id, d["mini_batch_time"],
@@ -458,7 +466,8 @@ class LocalBackend:
 
     # ---- the body -----------------------------------------------------------------------
     def execute(self, action: A.Action, cluster: Cluster) -> None:
-        t = time.perf_counter()
+        """Carry out ``action`` on the job's processes. What it means for the job is
+        reported (``on_change``: a server stores it) before the processes are touched."""
         agent = self.agent
         if isinstance(action, A.Wake):
             heapq.heappush(self.wakes, action.time)
@@ -468,25 +477,29 @@ class LocalBackend:
             return  # it finished meanwhile; its Departure is on its way
         rec = self.records[job]
         if isinstance(action, (A.Place, A.Resume, A.Pack)):
-            if job in agent.jobs and not isinstance(action, A.Place):
-                agent.resume(job, action.gpus)
-            else:  # a start (after a hold too), or packed before it ever ran
-                agent.start(job, self.launches[job], action.gpus)
-                rec.start = rec.start or self.now()
             rec.devices = action.gpus
             self._set(rec, "running", "running")
+            if job in agent.jobs and not isinstance(action, A.Place):
+                do = partial(agent.resume, job, action.gpus)
+            else:  # a start (after a hold too), or packed before it ever ran
+                rec.start = rec.start or self.now()
+                do = partial(agent.start, job, self.launches[job], action.gpus)
         elif isinstance(action, (A.Suspend, A.Unpack)):
-            agent.suspend(job)
             self._set(rec, "suspended", "suspended")
+            do = partial(agent.suspend, job)
         elif isinstance(action, (A.Migrate, A.Grow, A.Shrink)):
-            agent.restart(job, action.gpus)
             rec.devices = action.gpus
             self._set(rec, "migrated" if isinstance(action, A.Migrate) else "resized")
+            do = partial(agent.restart, job, action.gpus)
         elif isinstance(action, A.Kill):
-            agent.kill(job)
             rec.reason = "killed"
             rec.finish = self.now()
             self._set(rec, "failed", "failed")
+            do = partial(agent.kill, job)
+        else:
+            raise TypeError(f"the local backend cannot carry out {action!r}")
+        t = time.perf_counter()
+        do()
         seconds = time.perf_counter() - t
         self.actions.append((self.now(), action, seconds))
         self.observer.action(action, seconds)

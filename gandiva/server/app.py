@@ -260,6 +260,8 @@ class Service:
         data: dict[str, Any] = {"steps": rec.steps, "restarts": rec.restarts}
         if what in ("running", "migrated", "resized"):
             data["devices"] = list(rec.devices)
+        if what in ("profile", "feedback", "done"):
+            data.update(rec.profile, metrics=dict(rec.metrics))
         reason = rec.reason if what in ("failed", "restarted", "cancelled") else None
         for attempt in range(PERSIST_TRIES):
             try:
