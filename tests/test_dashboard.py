@@ -5,13 +5,10 @@ and watches three one-device jobs share two slots: time-sliced, then (a second s
 packed.
 """
 
-import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +17,8 @@ import pytest
 
 pytest.importorskip("torch")
 pw = pytest.importorskip("playwright.sync_api")
+from serving import CPU_ONLY, GANDIVA, free_port  # noqa: E402
+
 expect = pw.expect
 
 CHROMIUM = "/usr/bin/chromium"
@@ -27,14 +26,12 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--disable-sync", "--no-first-run",
                  "--disable-quic"]
 CNN = Path(__file__).resolve().parents[1] / "examples" / "cnn.py"
-GANDIVA = [sys.executable, "-m", "gandiva.cli"]
 WAIT_MS = 60_000  # generous: the server, three jobs and a browser share the machine's cores
 STEPS = 20_000  # longer than the tests; the server stops the jobs when it stops
 # Packing off: the three jobs take turns for as long as they run. With it on, gandiva packs
 # two of them onto one device once their first profiles arrive, within seconds.
 TIME_SLICING = "gandiva:-pack:quantum=3"
 PACKING = "gandiva:quantum=3"
-CPU_ONLY = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # two CPU slots, whatever GPUs there are
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no {CHROMIUM}")
 
@@ -50,12 +47,6 @@ class Server:
 
         return httpx2.Client(base_url=self.url, timeout=10,
                              headers={"Authorization": f"Bearer {self.token}"})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_up(server: Server, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:

@@ -3,18 +3,16 @@ a SQLite file and over a PostgreSQL server."""
 
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
+from serving import GANDIVA, free_port  # noqa: E402
 
 CNN = str(Path(__file__).resolve().parents[1] / "examples" / "cnn.py")
-GANDIVA = [sys.executable, "-m", "gandiva.cli"]
 
 
 def stat_state(pid: int) -> str:
@@ -22,12 +20,6 @@ def stat_state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def client(port: int, token: str):
