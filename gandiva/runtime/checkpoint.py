@@ -52,11 +52,17 @@ def save(directory: Path, step: int, state: dict[str, Any]) -> Path:
     torch.save(state, buf)
     payload = buf.getbuffer()
     digest = hashlib.sha256(payload).hexdigest().encode()
+    return _write(directory, step, MAGIC + digest + b"\n", payload)
+
+
+def _write(directory: Path, step: int, *parts: bytes | memoryview) -> Path:
+    """Write the file of ``step`` under a temporary name, fsync, rename, fsync the
+    directory; then prune all but the newest ``KEEP``."""
     final = _path(directory, step)
     tmp = directory / f".{final.name}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
-        f.write(MAGIC + digest + b"\n")
-        f.write(payload)
+        for part in parts:
+            f.write(part)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, final)
@@ -89,3 +95,30 @@ def latest(directory: Path) -> tuple[int, dict[str, Any]] | None:
             print(f"gandiva: skipping checkpoint {path.name}: {err}", file=sys.stderr)
             path.rename(path.with_name(path.name + ".corrupt"))
     return None
+
+
+def _whole(data: bytes) -> bool:
+    head, sep, payload = data.partition(b"\n")
+    return (bool(sep) and head.startswith(MAGIC)
+            and hashlib.sha256(payload).hexdigest().encode() == head[len(MAGIC):])
+
+
+def newest_file(directory: Path) -> tuple[int, bytes] | None:
+    """The newest checkpoint's step and bytes, checked whole (to move it to another node)."""
+    for step in steps(directory):
+        try:
+            data = _path(directory, step).read_bytes()
+        except OSError:
+            continue
+        if _whole(data):
+            return step, data
+    return None
+
+
+def install(directory: Path, step: int, data: bytes) -> Path:
+    """Put a checkpoint file that came from elsewhere in place, as atomically as ``save``;
+    ``ValueError`` if it arrived torn."""
+    if not _whole(data):
+        raise ValueError(f"checkpoint of step {step} arrived torn (checksum mismatch)")
+    directory.mkdir(parents=True, exist_ok=True)
+    return _write(directory, step, data)
