@@ -528,6 +528,14 @@ class Agent:
         with open(self.job_dir(job.id) / "rank0.log", "ab") as f:
             f.write(f"--- gandiva: {text} ---\n".encode())
 
+    def read_log(self, job_id: str, rank: int = 0, offset: int = 0) -> bytes:
+        path = self.job_dir(job_id) / f"rank{rank}.log"
+        if not path.exists():
+            return b""
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read()
+
     def log_tail(self, job_id: str, lines: int = LOG_TAIL_LINES) -> str:
         path = self.job_dir(job_id) / "rank0.log"
         if not path.exists():

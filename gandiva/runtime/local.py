@@ -123,14 +123,20 @@ class LocalBackend:
 
     def __init__(self, policy, workdir: Path, slots: int | None = None, threads: int = 1,
                  checkpoint_every_s: float = 300.0, feedback_steps: int = 100,
-                 max_restarts: int | None = None) -> None:
-        devices, kind, memory = detect_devices(slots, threads)
-        self.devices = devices
-        self.cluster = one_node(devices, kind, memory)
+                 max_restarts: int | None = None, nodes=None) -> None:
+        """``nodes``: the agents of many machines behind one ``Agent`` interface (the ray
+        backend's ``RayNodes``); by default one ``Agent`` on this machine."""
+        if nodes is None:
+            devices, kind, memory = detect_devices(slots, threads)
+            self.cluster = one_node(devices, kind, memory)
+            extra = {} if max_restarts is None else {"max_restarts": max_restarts}
+            nodes = Agent(workdir, devices, threads=threads,
+                          checkpoint_every_s=checkpoint_every_s, **extra)
+        else:
+            self.cluster = nodes.cluster()
+        self.devices = nodes.devices
         self.policy = policy
-        extra = {} if max_restarts is None else {"max_restarts": max_restarts}
-        self.agent = Agent(workdir, devices, threads=threads,
-                           checkpoint_every_s=checkpoint_every_s, **extra)
+        self.agent = nodes
         self.scheduler = Scheduler(self.cluster, policy, self)
         self.feedback_steps = feedback_steps
         self.launches: dict[str, Launch] = {}
@@ -346,6 +352,9 @@ class LocalBackend:
         self._next_sample = self.now() + SAMPLE_EVERY_S
 
     def _on_agent(self, ev: AgentEvent) -> None:
+        if ev.kind == "node-lost":
+            self._node_lost(ev.data["node"], ev.data["jobs"])
+            return
         rec = self.records.get(ev.job_id)
         if rec is None:
             return
@@ -382,6 +391,22 @@ class LocalBackend:
             job = self.cluster.jobs.get(ev.job_id)
             if job is not None and job.status.value not in ("done", "killed"):
                 self._handle(E.Departure(now, ev.job_id, how=ev.kind))
+
+    def _node_lost(self, node: int, jobs: list[str]) -> None:
+        """A machine went away: its jobs go back to placement, and restart elsewhere from
+        their last checkpoints (the policy decides where); the others carry on."""
+        for job_id in jobs:
+            rec = self.records.get(job_id)
+            if rec is not None and rec.status not in TERMINAL and rec.status != "held":
+                rec.restarts += 1
+                rec.reason = f"node {node} was lost"
+                self._set(rec, "node-lost", "queued")
+        if self.cluster.nodes[node].up:
+            self._handle(E.Failure(self.now(), node))
+
+    def read_log(self, job_id: str, rank: int = 0, offset: int = 0) -> bytes:
+        """The job's output (one rank's) from byte ``offset``, across its restarts."""
+        return self.agent.read_log(job_id, rank, offset)
 
     def _handle(self, event: E.Event) -> None:
         t = time.perf_counter()

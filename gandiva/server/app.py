@@ -350,8 +350,8 @@ def create_app(service: Service) -> FastAPI:
                                                        "job ends")] = False) -> Response:
         """The last ``tail`` lines of the job's output (one rank's), across its restarts."""
         visible(who, job_id)
-        path = service.backend.agent.job_dir(job_id) / f"rank{rank}.log"
-        text = path.read_bytes() if path.exists() else b""
+        read = service.backend.read_log
+        text = read(job_id, rank)
         start = b"".join(line + b"\n" for line in text.splitlines()[-tail:])
         if not follow:
             return PlainTextResponse(start)
@@ -360,11 +360,9 @@ def create_app(service: Service) -> FastAPI:
             yield start
             offset = len(text)
             while True:
-                ended = store.job(who, job_id).state in TERMINAL
-                if path.exists() and path.stat().st_size > offset:
-                    with open(path, "rb") as f:
-                        f.seek(offset)
-                        chunk = f.read()
+                ended = store.job(who, job_id).state in TERMINAL  # then one last read
+                chunk = await asyncio.to_thread(read, job_id, rank, offset)
+                if chunk:
                     offset += len(chunk)
                     yield chunk
                 elif ended:
