@@ -1,0 +1,124 @@
+"""The ray backend on a real multi-node Ray cluster (``ray.cluster_utils.Cluster``: one head
+and three worker nodes of two GPUs each, CPU slots standing in for the GPUs), started once
+for this file."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+os.environ.update({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"})
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+from test_runtime import EXAMPLES, assert_identical, reference  # noqa: E402
+
+from gandiva.policies import make_policy  # noqa: E402
+from gandiva.runtime import checkpoint  # noqa: E402
+from gandiva.runtime.agent import Launch  # noqa: E402
+from gandiva.runtime.local import LocalBackend  # noqa: E402
+from gandiva.runtime.ray_backend import RayNodes  # noqa: E402
+from gandiva.spec import JobSpec  # noqa: E402
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
+    for _ in range(3):
+        c.add_node(num_cpus=2, num_gpus=2)
+    ray.init(address=c.address, logging_level="warning", log_to_driver=False)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+@pytest.fixture
+def nodes(cluster, tmp_path):
+    n = RayNodes(tmp_path / "head", checkpoint_every_s=0.5)
+    yield n
+    n.close()
+
+
+def cnn(*args: str) -> Launch:
+    return Launch(["{python}", str(EXAMPLES / "cnn.py"), *args])
+
+
+def node_checkpoints(nodes: RayNodes, node: int, job_id: str) -> Path:
+    return (nodes.workdir / f"node-{nodes.infos[node]['node_id'][:12]}" / "jobs" / job_id
+            / "checkpoints")
+
+
+def wait(condition, timeout: float = 120.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_agents_claim_every_gpu_and_placement_follows_the_policy(nodes):
+    assert len(nodes.devices) == 6 and len({i["node_id"] for i in nodes.infos}) == 3
+    assert ray.available_resources().get("GPU", 0) == 0  # claimed: Ray hands out none
+    backend = LocalBackend(make_policy("fifo"), nodes.workdir, nodes=nodes, feedback_steps=20)
+    for i in range(3):  # fifo keeps each gang on one server: one per node
+        backend.submit(JobSpec(f"g{i}", 0.0, 2, "unknown"),
+                       Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), "--steps", "200"]))
+    backend.submit(JobSpec("late", 1.0, 1, "unknown"), cnn("--steps", "200"))
+    result = backend.run(timeout=300)
+    assert all(r.status == "done" for r in result.jobs), [(r.spec.id, r.reason)
+                                                          for r in result.jobs]
+    placed = {r.spec.id: {nodes.where[d][0] for d in r.devices} for r in result.jobs}
+    assert [len(placed[f"g{i}"]) for i in range(3)] == [1, 1, 1]  # never split
+    assert {n for i in range(3) for n in placed[f"g{i}"]} == {0, 1, 2}
+    node = placed["late"].pop()
+    log = node_checkpoints(nodes, node, "late").parent / "rank0.log"  # where it ran
+    assert "done: 200 steps" in log.read_text()
+
+
+def test_a_job_migrated_to_another_node_ends_bit_identical(nodes, tmp_path):
+    args = ("--steps", "1500", "--seed", "5")
+    ref = reference(tmp_path, "cnn.py", *args)
+    nodes.start("m", cnn(*args), (0,))  # node 0
+    wait(lambda: checkpoint.steps(node_checkpoints(nodes, 0, "m")), what="a checkpoint")
+    nodes.restart("m", (3,))  # device 3 is on node 1: checkpoint, object store, restore
+    assert nodes.jobs["m"] == 1
+    ev = nodes.events.get(timeout=180)
+    while ev.kind in ("profile", "started"):
+        ev = nodes.events.get(timeout=180)
+    assert (ev.kind, ev.job_id) == ("done", "m"), ev
+    log = nodes.read_log("m").decode()
+    assert "restored from checkpoint at step" in log  # it did not start over
+    assert_identical(checkpoint.latest(node_checkpoints(nodes, 1, "m"))[1], ref)
+
+
+def test_a_lost_node_s_jobs_finish_elsewhere_from_their_checkpoints(nodes, cluster, tmp_path):
+    args = ("--steps", "2500", "--seed", "7")
+    ref = reference(tmp_path, "cnn.py", *args)
+    backend = LocalBackend(make_policy("fifo"), nodes.workdir, nodes=nodes, feedback_steps=20)
+    # fifo fills node 0 with the 2-device bystander, and puts the victim on node 1
+    backend.submit(JobSpec("bystander", 0.0, 2, "unknown"),
+                   Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), "--steps", "1500"]))
+    backend.submit(JobSpec("victim", 0.0, 1, "unknown"), cnn(*args))
+    out = {}
+    loop = threading.Thread(target=lambda: out.update(result=backend.run(timeout=400)))
+    loop.start()
+    replicas = nodes.workdir / "replicas" / "victim"
+    wait(lambda: "victim" in nodes.jobs and checkpoint.steps(replicas), what="a replica")
+    lost = nodes.jobs["victim"]
+    assert nodes.jobs["bystander"] != lost
+    cluster.remove_node(next(n for n in cluster.list_all_nodes()
+                             if n.node_id == nodes.infos[lost]["node_id"]))
+    loop.join(timeout=450)
+    recs = {r.spec.id: r for r in out["result"].jobs}
+    assert recs["victim"].status == "done" and recs["victim"].restarts == 1
+    assert recs["bystander"].status == "done" and recs["bystander"].restarts == 0  # undisturbed
+    now = nodes.where[recs["victim"].devices[0]][0]
+    assert now != lost
+    assert "restored from checkpoint at step" in (
+        node_checkpoints(nodes, now, "victim").parent / "rank0.log").read_text()
+    assert_identical(checkpoint.latest(node_checkpoints(nodes, now, "victim"))[1], ref)
