@@ -302,6 +302,11 @@ def run_one(kind: str, args: argparse.Namespace, pool: Pool) -> dict[str, Any]:
         load1 = os.getloadavg()[0]
         result = check(db, prefix, load.acked)
         lat = load.latencies_ms
+        # a server whose scheduler thread died still answers 201s: such a run is not valid
+        log = (home / "server.log").read_text(errors="replace")
+        crashes = [line for line in log.splitlines() if line.startswith("Exception in thread")]
+        last_error = next((line for line in reversed(log.splitlines())
+                           if line and not line.startswith(" ")), "") if crashes else ""
         return {
             "database": kind, "clients": args.clients, "jobs": args.jobs,
             "acked": len(load.acked), "errors": len(load.errors),
@@ -317,6 +322,7 @@ def run_one(kind: str, args: argparse.Namespace, pool: Pool) -> dict[str, Any]:
             "client_cpu_cores": round(load.cpu_s / load.wall_s, 2),
             "loadavg_1m": [round(load0, 2), round(load1, 2)],
             **asdict(result),
+            "server_crashes": crashes, "server_error": last_error,
             **({"profile": str(profile)} if profile else {}),
         }
 
@@ -378,10 +384,14 @@ def main() -> None:
     for r in rows:
         for e in r["first_errors"]:
             console.print(f"[red]{r['database']}: {e}[/]")
+        for crash in r["server_crashes"]:
+            console.print(f"[red]{r['database']}: the server's log: {crash.rstrip(':')}: "
+                          f"{r['server_error']}[/]")
     print(json.dumps({"benchmark": "api_load", "cores": os.cpu_count(), "slots": args.slots,
                       "policy": args.policy, "goal_jobs_per_s": GOAL_JOBS_PER_S,
                       "results": rows}))
-    if any(r["lost"] or r["duplicated"] or r["bad_events"] for r in rows):
+    if any(r["lost"] or r["duplicated"] or r["bad_events"] or r["server_crashes"]
+           for r in rows):
         sys.exit(1)
 
 
