@@ -266,6 +266,10 @@ def server(
     checkpoint_every: Annotated[float, typer.Option(help="Seconds between a job's periodic "
                                                     "checkpoints (bounds what a crash loses)")]
     = 300.0,
+    backend: Annotated[str, typer.Option(help="local: this machine's devices; ray: every "
+                                         "Ray node with GPUs")] = "local",
+    ray_address: Annotated[str | None, typer.Option(help="The Ray cluster to join (default: "
+                                                    "RAY_ADDRESS, else a local one)")] = None,
 ) -> None:
     """Run the scheduler as a service: the REST API over a persistent store."""
     import threading
@@ -284,20 +288,34 @@ def server(
     home = home.resolve()
     home.mkdir(parents=True, exist_ok=True)
     store = Store(db or str(home / "gandiva.db"))
-    backend = LocalBackend(pol, home / "run", slots=slots, checkpoint_every_s=checkpoint_every)
-    service = Service(store, backend, home)
+    if backend not in ("local", "ray"):
+        raise fail(f"--backend {backend!r}: use local or ray")
+    nodes = None
+    if backend == "ray":
+        try:
+            from gandiva.runtime.ray_backend import RayNodes
+        except ImportError:
+            raise fail("the ray backend needs Ray: pip install 'gandiva[ray]'") from None
+        try:
+            nodes = RayNodes(home / "run", address=ray_address,
+                             checkpoint_every_s=checkpoint_every)
+        except (RuntimeError, ConnectionError) as e:
+            raise fail(f"ray: {e}") from None
+    loop_backend = LocalBackend(pol, home / "run", slots=slots,
+                                checkpoint_every_s=checkpoint_every, nodes=nodes)
+    service = Service(store, loop_backend, home)
     again = service.resume_unfinished()
     if again:
         err.print(f"taking up {again} unfinished jobs from their last checkpoints")
-    loop = threading.Thread(target=backend.run, kwargs={"until_idle": False},
+    loop = threading.Thread(target=loop_backend.run, kwargs={"until_idle": False},
                             name="gandiva-scheduler", daemon=True)
     loop.start()
     err.print(f"gandiva server on http://{host}:{port} ({policy}, devices: "
-              f"{', '.join(backend.devices)}, store: {store.url})")
+              f"{', '.join(loop_backend.devices)}, store: {store.url})")
     try:
         uvicorn.run(create_app(service), host=host, port=port, log_level="warning")
     finally:
-        backend.stop()
+        loop_backend.stop()
         loop.join(timeout=30)
 
 

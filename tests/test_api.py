@@ -239,9 +239,10 @@ def test_cluster_view_metrics_and_event_stream_while_jobs_time_slice(server):
     for job_id in ids:
         poll(lambda job_id=job_id: events_of(client, job_id, ada if job_id in ids[:2] else bob),
              lambda kinds: "suspended" in kinds, timeout=60)
-    text = client.get("/metrics").text
-    assert 'gandiva_jobs{state="running"} 2.0' in text
-    assert "gandiva_devices 2.0" in text and "gandiva_jobs_time_sliced 1.0" in text
+    text = poll(lambda: client.get("/metrics").text,  # read between two turns' changes
+                lambda t: 'gandiva_jobs{state="running"} 2.0' in t
+                and "gandiva_jobs_time_sliced 1.0" in t)
+    assert "gandiva_devices 2.0" in text
     suspends = float(text.split('gandiva_action_seconds_count{action="suspend"} ')[1].split()[0])
     assert suspends >= 3
     assert 'gandiva_decision_seconds_count{event="arrival"} 3.0' in text

@@ -337,7 +337,10 @@ class LocalBackend:
 
     def _enforce_time_limits(self) -> None:
         now = self.now()
-        for rec in self.records.values():
+        # only jobs on a device run; and the API's threads add records meanwhile, so the
+        # loop must not iterate over them (it died of "dictionary changed size")
+        on_devices = dict.fromkeys(j for g in self.cluster.gpus for j in g.jobs)
+        for rec in [self.records[j] for j in on_devices]:
             if (rec.time_limit is not None and rec.running_since is not None
                     and rec.running_time(now) >= rec.time_limit):
                 self._end(rec.spec.id, "failed",

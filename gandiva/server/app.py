@@ -19,6 +19,7 @@ hostile code needs per-user OS accounts or containers, which this server does no
 
 import asyncio
 import logging
+import math
 import shlex
 import time
 from collections.abc import AsyncIterator
@@ -26,20 +27,34 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
-from fastapi.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.concurrency import run_in_threadpool
+from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import (
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from fastapi.routing import APIRoute
+from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gandiva.runtime.agent import Launch
 from gandiva.runtime.local import JobRecord, LocalBackend
-from gandiva.server.jobspec import JobRequest
+from gandiva.server.jobspec import JobRequest, JsonInt
 from gandiva.server.metrics import Metrics
 from gandiva.server.store import TERMINAL, EventRow, JobRow, Principal, Store, StoreError
 from gandiva.spec import JobSpec
 
 DASHBOARD = Path(__file__).parent / "dashboard"
 FOLLOW_POLL_S = 0.25  # how often a followed log or event stream looks for more
+EVENT_ID_MAX = 2**31 - 1  # events.id is a 32-bit INTEGER (on PostgreSQL)
 PERSIST_TRIES = 8  # a database that went away gets about 25 s to come back
 log = logging.getLogger("gandiva.server")
 
@@ -75,7 +90,51 @@ class Change(BaseModel):
     """What a user may change of a job after submitting it."""
 
     model_config = ConfigDict(extra="forbid")
-    priority: int = Field(ge=-100, le=100)
+    priority: JsonInt = Field(ge=-100, le=100)
+
+
+class Problem(BaseModel):
+    detail: str
+
+
+def problem(description: str) -> dict[str, Any]:
+    """An error answer as documented: JSON, whatever the operation's own type (logs)."""
+    return {"description": description,
+            "content": {"application/json": {"schema": Problem.model_json_schema()}}}
+
+
+# answers every /v1 operation may give besides its own, and those of the per-job ones
+UNAUTHORIZED = {401: problem("No valid token")}
+NOT_FOUND = {404: problem("No such job, or not yours")}
+CONFLICT = {409: problem("Not in this state of the job")}
+BAD_BODY = {400: problem("A body that cannot be read (not UTF-8)")}
+AfterId = Annotated[int, Query(ge=0, le=EVENT_ID_MAX, description="An event id")]
+
+
+def last_event_id(header: str | None, default: int) -> int:
+    """The id a reconnecting event-stream client sends back, if it is one of ours."""
+    if header and header.isascii() and header.isdigit() and int(header) <= EVENT_ID_MAX:
+        return int(header)
+    return default
+
+
+def finite(value: Any) -> Any:
+    """``value`` with the floats JSON cannot write (NaN, Infinity) as text."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+def resolved(path: Path) -> Path | None:
+    """``path`` with its symlinks followed; None if it cannot be (a symlink loop)."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return None
 
 
 class Explanation(BaseModel):
@@ -140,31 +199,36 @@ class Service:
         """The job's directory, checked to lie inside the user's base directory (a symlink
         out of it is refused too), and the command's path arguments with it."""
         base = self.user_dir(who).resolve()
-        cwd = (base / req.workdir).resolve()
-        if not cwd.is_relative_to(base):
+        cwd = resolved(base / req.workdir)
+        if cwd is None or not cwd.is_relative_to(base):
             raise unprocessable("workdir", f"{req.workdir!r} leads out of your base directory "
                                 f"({base}); give a directory inside it")
-        if not cwd.is_dir():
+        try:
+            is_dir = cwd.is_dir()
+        except OSError:  # e.g. a name longer than the filesystem allows
+            is_dir = False
+        if not is_dir:
             raise unprocessable("workdir", f"{req.workdir!r} does not exist in your base "
                                 f"directory ({base}); create it first")
         for i, arg in enumerate(req.command):
-            path = Path(arg)
-            if (path.is_absolute() or ".." in path.parts) and \
-                    not (cwd / path).resolve().is_relative_to(base):
-                raise unprocessable("command", f"argument {i} ({shlex.quote(arg)}) is a path "
-                                    f"outside your base directory ({base}); put the file "
-                                    "there and name it relative to the workdir")
+            for value in (arg, arg.partition("=")[2]):  # --data=/elsewhere names a path too
+                path = Path(value)
+                if value and (path.is_absolute() or ".." in path.parts) and \
+                        not (resolved(cwd / path) or Path("/")).is_relative_to(base):
+                    raise unprocessable("command", f"argument {i} ({shlex.quote(arg)}) names a "
+                                        f"path outside your base directory ({base}); put the "
+                                        "file there and name it relative to the workdir")
         return cwd
 
-    def submit(self, who: Principal, req: JobRequest) -> str:
+    def submit(self, who: Principal, req: JobRequest) -> JobRow:
         cwd = self.workdir(who, req)
         if req.gpus > len(self.backend.devices):
             raise unprocessable("gpus", f"{req.gpus} GPUs asked; this cluster has "
                                 f"{len(self.backend.devices)}")
-        job_id = self.store.submit(who, req)  # committed before the scheduler sees it
-        self.owners[job_id] = (who.id, req.name)
-        self.backend.submit(*to_scheduler(job_id, req, cwd), time_limit=req.time_limit)
-        return job_id
+        row = self.store.add_job(who, req)  # committed before the scheduler sees it
+        self.owners[row.id] = (who.id, req.name)
+        self.backend.submit(*to_scheduler(row.id, req, cwd), time_limit=req.time_limit)
+        return row
 
     def resume_unfinished(self) -> int:
         """After a restart: give the scheduler every job not yet finished; those that had
@@ -278,13 +342,32 @@ class Service:
 
 
 def create_app(service: Service) -> FastAPI:
-    app = FastAPI(title="gandiva", version="1",
+    app = FastAPI(title="gandiva", version="1", responses=UNAUTHORIZED,
                   description="Submit, watch and steer training jobs on a gandiva cluster.")
     store = service.store
 
-    def principal(authorization: Annotated[str | None, Header()] = None) -> Principal:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """FastAPI's 422, but an input of NaN or Infinity (Python's JSON reads them) is
+        echoed as text: JSON cannot carry it, and the answer would be a 500."""
+        return JSONResponse({"detail": finite(jsonable_encoder(exc.errors()))}, 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """A 405's Allow names the methods of every route of the path, not of one."""
+        allowed = {m for r in app.router.routes if isinstance(r, APIRoute)
+                   and r.path_regex.match(request.url.path) for m in r.methods}
+        if exc.status_code == 405 and allowed:
+            exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(allowed))}
+        return await http_exception_handler(request, exc)
+
+    async def principal(authorization: Annotated[str | None, Header()] = None) -> Principal:
+        """On the event loop for a known token; an unknown one is looked up in a worker
+        thread (a flood of bad tokens must not stall the loop)."""
         scheme, _, token = (authorization or "").partition(" ")
-        who = store.principal(token) if scheme.lower() == "bearer" and token else None
+        who = None
+        if scheme.lower() == "bearer" and token:
+            who = store.known(token) or await run_in_threadpool(store.principal, token)
         if who is None:
             raise HTTPException(401, "give a valid token: Authorization: Bearer <token>",
                                 headers={"WWW-Authenticate": "Bearer"})
@@ -302,10 +385,11 @@ def create_app(service: Service) -> FastAPI:
     def whoami(who: Who) -> WhoAmI:
         return WhoAmI(name=who.name, admin=who.admin)
 
-    @app.post("/v1/jobs", status_code=201)
-    def submit(req: JobRequest, who: Who) -> JobView:
-        job_id = service.submit(who, req)
-        return service.view(visible(who, job_id))
+    @app.post("/v1/jobs", status_code=201, response_model=JobView, responses=BAD_BODY)
+    def submit(req: JobRequest, who: Who) -> Response:
+        view = service.view(service.submit(who, req))
+        # serialised here, once: a returned model would be validated again against itself
+        return Response(view.model_dump_json(), status_code=201, media_type="application/json")
 
     @app.get("/v1/jobs")
     def jobs(who: Who, state: Annotated[str | None, Query(
@@ -314,36 +398,36 @@ def create_app(service: Service) -> FastAPI:
         states = tuple(s for s in (state or "").split(",") if s)
         return [service.view(r) for r in store.jobs(who, states, limit)]
 
-    @app.get("/v1/jobs/{job_id}")
+    @app.get("/v1/jobs/{job_id}", responses=NOT_FOUND)
     def job(job_id: str, who: Who) -> JobView:
         return service.view(visible(who, job_id))
 
-    @app.patch("/v1/jobs/{job_id}")
+    @app.patch("/v1/jobs/{job_id}", responses={**BAD_BODY, **NOT_FOUND, **CONFLICT})
     def change(job_id: str, change: Change, who: Who) -> JobView:
         """Change a job's priority; the policy takes it into account at once."""
         service.change(who, visible(who, job_id), change)
         return service.view(visible(who, job_id))
 
-    @app.post("/v1/jobs/{job_id}/cancel")
+    @app.post("/v1/jobs/{job_id}/cancel", responses={**NOT_FOUND, **CONFLICT})
     def cancel(job_id: str, who: Who) -> JobView:
         """Cancel a queued, running, suspended or held job (its processes are stopped)."""
         service.cancel(who, visible(who, job_id))
         return service.view(visible(who, job_id))
 
-    @app.post("/v1/jobs/{job_id}/suspend")
+    @app.post("/v1/jobs/{job_id}/suspend", responses={**NOT_FOUND, **CONFLICT})
     def suspend(job_id: str, who: Who) -> JobView:
         """Hold a job: it checkpoints at its next mini-batch boundary and gives up its
         devices until resumed (state "held")."""
         service.hold(who, visible(who, job_id))
         return service.view(visible(who, job_id))
 
-    @app.post("/v1/jobs/{job_id}/resume")
+    @app.post("/v1/jobs/{job_id}/resume", responses={**NOT_FOUND, **CONFLICT})
     def resume(job_id: str, who: Who) -> JobView:
         """Give a held job back to the scheduler; it continues from its checkpoint."""
         service.release(who, visible(who, job_id))
         return service.view(visible(who, job_id))
 
-    @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse)
+    @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse, responses=NOT_FOUND)
     def logs(job_id: str, who: Who, tail: Annotated[int, Query(ge=1, le=100_000)] = 200,
              rank: Annotated[int, Query(ge=0, le=1023)] = 0,
              follow: Annotated[bool, Query(description="Keep sending new lines until the "
@@ -371,7 +455,7 @@ def create_app(service: Service) -> FastAPI:
 
         return StreamingResponse(more(), media_type="text/plain")
 
-    @app.get("/v1/jobs/{job_id}/explain")
+    @app.get("/v1/jobs/{job_id}/explain", responses=NOT_FOUND)
     def explain(job_id: str, who: Who) -> Explanation:
         """Why is my job pending? Its state, the reason in words, its place in line."""
         row = visible(who, job_id)
@@ -381,37 +465,32 @@ def create_app(service: Service) -> FastAPI:
             return Explanation(state=row.state, reason=service.why(row) or row.state,
                                queue_position=None, needs=None)
 
-    @app.get("/v1/jobs/{job_id}/events")
-    def job_events(job_id: str, who: Who, after: int = 0,
+    @app.get("/v1/jobs/{job_id}/events", responses=NOT_FOUND)
+    def job_events(job_id: str, who: Who, after: AfterId = 0,
                    limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000) -> list[EventView]:
         """The job's events after event id ``after``, oldest first."""
         visible(who, job_id)
         return [EventView.of(e) for e in store.events(job_id, after, limit)]
 
     @app.get("/v1/events")
-    def events(who: Who, after: int = 0, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000
+    def events(who: Who, after: AfterId = 0, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000
                ) -> list[EventView]:
         """Events of every job you may see, after event id ``after``, oldest first."""
         return [EventView.of(e) for e in store.all_events(who, after, limit)]
 
-    @app.get("/v1/events/stream")
-    async def event_stream(request: Request, who: Who, after: int = 0) -> StreamingResponse:
+    @app.get("/v1/events/stream", response_class=EventSourceResponse)
+    async def event_stream(request: Request, who: Who, after: AfterId = 0
+                           ) -> AsyncIterator[ServerSentEvent]:
         """The same events as a server-sent event stream that stays open; a client that
         reconnects with ``Last-Event-ID`` continues where it left off."""
-        last = int(request.headers.get("last-event-id") or after)
-
-        async def stream() -> AsyncIterator[str]:
-            nonlocal last
-            while not await request.is_disconnected():
-                batch = await asyncio.to_thread(store.all_events, who, last, 1000)
-                for e in batch:
-                    last = e.id
-                    yield (f"id: {e.id}\nevent: {e.kind}\n"
-                           f"data: {EventView.of(e).model_dump_json()}\n\n")
-                if not batch:
-                    await asyncio.sleep(FOLLOW_POLL_S)
-
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        last = last_event_id(request.headers.get("last-event-id"), after)
+        while not await request.is_disconnected():
+            batch = await asyncio.to_thread(store.all_events, who, last, 1000)
+            for e in batch:
+                last = e.id
+                yield ServerSentEvent(data=EventView.of(e), event=e.kind, id=str(e.id))
+            if not batch:
+                await asyncio.sleep(FOLLOW_POLL_S)
 
     @app.get("/v1/cluster")
     def cluster(who: Who) -> dict[str, Any]:

@@ -20,15 +20,35 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# matched whole (fullmatch): a "$" would also match before a final newline
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _json_number(v: Any) -> Any:
+    """JSON's true and "5" are not numbers (pydantic would read them as 1 and 5)."""
+    if isinstance(v, bool | str):
+        raise ValueError("give a number")
+    return v
+
+
+JsonInt = Annotated[int, BeforeValidator(_json_number)]  # 3 or 3.0; not true, not "3"
 # variables the agent sets for the job; a spec may not override them
 RESERVED_ENV = ("GANDIVA_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                 "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES")
@@ -36,8 +56,8 @@ RESERVED_ENV = ("GANDIVA_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZ
 
 class Elastic(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    min: int = Field(ge=1)
-    max: int = Field(ge=1)
+    min: JsonInt = Field(ge=1)
+    max: JsonInt = Field(ge=1)
 
     @model_validator(mode="after")
     def _ordered(self) -> Elastic:
@@ -50,20 +70,27 @@ class JobRequest(BaseModel):
     """A job as a user submits it."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str
-    command: list[str] = Field(min_length=1)
+    # the document states the forms a user may write, and the rules
+    name: str = Field(json_schema_extra={"pattern": f"^{_NAME.pattern}$"})
+    command: Annotated[list[str], WithJsonSchema({"anyOf": [
+        {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        {"type": "string", "description": "split like a shell would"}]})] = Field(min_length=1)
     workdir: str = "."
-    env: dict[str, str] = Field(default_factory=dict)
-    gpus: int = Field(default=1, ge=1, le=1024)
+    env: dict[str, str] = Field(default_factory=dict, json_schema_extra={
+        "propertyNames": {"pattern": f"^{_ENV_KEY.pattern}$"}})
+    gpus: JsonInt = Field(default=1, ge=1, le=1024)
     elastic: Elastic | None = None
-    priority: int = Field(default=0, ge=-100, le=100)
+    priority: JsonInt = Field(default=0, ge=-100, le=100)
     model: str = "unknown"
-    time_limit: float | None = Field(default=None, gt=0)
+    time_limit: Annotated[float | None, WithJsonSchema({"anyOf": [
+        {"type": "number", "exclusiveMinimum": 0},
+        {"type": "string", "pattern": _DURATION.pattern}, {"type": "null"}]})] = Field(
+        default=None, gt=0, allow_inf_nan=False)
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
+        if not _NAME.fullmatch(v):
             raise ValueError("use 1-63 letters, digits, '.', '_' or '-', starting with a "
                              "letter or digit")
         return v
@@ -73,9 +100,11 @@ class JobRequest(BaseModel):
     def _command(cls, v: Any) -> Any:
         if isinstance(v, str):
             try:
-                return shlex.split(v)
+                v = shlex.split(v)
             except ValueError as e:
                 raise ValueError(f"cannot split it like a shell would: {e}") from None
+        if isinstance(v, list) and any(isinstance(a, str) and "\x00" in a for a in v):
+            raise ValueError("an argument cannot hold NUL (a process's arguments end at it)")
         return v
 
     @field_validator("workdir")
@@ -89,9 +118,11 @@ class JobRequest(BaseModel):
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for key in v:
-            if not _ENV_KEY.match(key):
+        for key, value in v.items():
+            if not _ENV_KEY.fullmatch(key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
+            if "\x00" in value:
+                raise ValueError(f"the value of {key!r} cannot hold NUL")
             if key.startswith(RESERVED_ENV):
                 raise ValueError(f"{key!r} is set by gandiva for each job; leave it out")
         return v
@@ -99,6 +130,8 @@ class JobRequest(BaseModel):
     @field_validator("time_limit", mode="before")
     @classmethod
     def _time_limit(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("give seconds, or a number with s, m, h or d (e.g. 90m)")
         if isinstance(v, str):
             m = _DURATION.match(v)
             if not m:

@@ -1,0 +1,40 @@
+"""A multi-node Ray cluster on this one machine, to try the ray backend without machines:
+a head and N worker nodes with G GPUs each (CPU slots stand in for GPUs without CUDA).
+
+    python examples/ray_local_cluster.py --nodes 3 --gpus 2   # prints the address; Ctrl-C ends
+    gandiva server --backend ray --ray-address <address>
+"""
+
+import argparse
+import os
+import signal
+import time
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # keep Ray on 127.0.0.1
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--gpus", type=int, default=2, help="GPUs (or CPU slots) per worker node")
+    args = ap.parse_args()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    for _ in range(args.nodes):
+        cluster.add_node(num_cpus=args.gpus, num_gpus=args.gpus)
+    cluster.wait_for_nodes()
+    print(cluster.address, flush=True)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    try:
+        while not stop:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    cluster.shutdown()
+
+
+if __name__ == "__main__":
+    main()
