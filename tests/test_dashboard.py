@@ -7,8 +7,6 @@ packed.
 
 import re
 import shutil
-import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +15,7 @@ import pytest
 
 pytest.importorskip("torch")
 pw = pytest.importorskip("playwright.sync_api")
-from serving import CPU_ONLY, GANDIVA, free_port  # noqa: E402
+from serving import running  # noqa: E402
 
 expect = pw.expect
 
@@ -49,42 +47,13 @@ class Server:
                              headers={"Authorization": f"Bearer {self.token}"})
 
 
-def wait_up(server: Server, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    with server.client() as http:
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if http.get("/v1/whoami").status_code == 200:
-                    return
-            except Exception:
-                pass
-            time.sleep(0.2)
-    raise AssertionError(f"the server did not come up: {log.read_text()}")
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, request):
     """`gandiva user add alice`, then `gandiva server`, as a user starts them."""
     policy = getattr(request, "param", TIME_SLICING)
     home = tmp_path_factory.mktemp("dashboard") / "home"
-    token = subprocess.run([*GANDIVA, "user", "add", "alice", "--home", str(home)],
-                           check=True, capture_output=True, text=True).stdout.strip()
-    port, log = free_port(), home / "server.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen([*GANDIVA, "server", "--home", str(home), "--port", str(port),
-                                 "--slots", "2", "--policy", policy],
-                                stdout=out, stderr=subprocess.STDOUT, env=CPU_ONLY)
-    try:
-        srv = Server(f"http://127.0.0.1:{port}", token, home)
-        wait_up(srv, proc, log)
-        yield srv
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with running(home, users=("alice",), policy=policy) as srv:
+        yield Server(srv.url, srv.tokens["alice"], home)
 
 
 @pytest.fixture(scope="module")
