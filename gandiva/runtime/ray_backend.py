@@ -95,6 +95,9 @@ class NodeAgent:
     def read_log(self, job_id: str, rank: int, offset: int) -> bytes:
         return self.agent.read_log(job_id, rank, offset)
 
+    def warm_ready(self) -> int:
+        return self.agent.warm_ready()
+
     def next_events(self, timeout: float) -> list[tuple[str, str, dict]]:
         """What happened since the last call (waiting up to ``timeout`` for something), and
         checkpoints written since, for the head to keep."""
