@@ -42,11 +42,18 @@ def auth(token):
     return {"Authorization": f"Bearer {token}"}
 
 
+def submit_cnn(client, headers, name, steps, **spec):
+    """A job of the example CNN (copied into each user's directory); its id."""
+    r = client.post("/v1/jobs", json={"name": name, "command": ["python", "cnn.py", "--steps",
+                                                                str(steps)], **spec},
+                    headers=headers)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
 def submit_long(client, headers, n):
     """``n`` jobs long enough to outlast the test (it cancels them)."""
-    return [client.post("/v1/jobs", json={"name": f"long{i}", "command":
-                                          ["python", "cnn.py", "--steps", "100000"]},
-                        headers=headers).json()["id"] for i in range(n)]
+    return [submit_cnn(client, headers, f"long{i}", 100_000) for i in range(n)]
 
 
 def wait_state(client, job_id, token, states, timeout=120):
@@ -181,9 +188,7 @@ def test_paths_and_commands_cannot_leave_the_users_directory(server, tmp_path):
 def test_suspend_frees_the_devices_and_resume_continues_from_the_checkpoint(server):
     client, tokens, _ = server
     ada = auth(tokens["ada"])
-    job_id = client.post("/v1/jobs", json={"name": "held", "command": ["python", "cnn.py",
-                                                                       "--steps", "1500"]},
-                         headers=ada).json()["id"]
+    job_id = submit_cnn(client, ada, "held", 1500)
     poll(lambda: client.get(f"/v1/jobs/{job_id}", headers=ada).json(),
          lambda job: job["steps"] >= 100)  # it has trained a while
     assert client.post(f"/v1/jobs/{job_id}/suspend", headers=auth(tokens["bob"])
@@ -273,16 +278,12 @@ def test_cluster_view_metrics_and_event_stream_while_jobs_time_slice(server):
 def test_logs_follow_until_the_job_ends_and_time_limits_stop_jobs(server):
     client, tokens, _ = server
     ada = auth(tokens["ada"])
-    job_id = client.post("/v1/jobs", json={"name": "f", "command": ["python", "cnn.py",
-                                                                    "--steps", "300"]},
-                         headers=ada).json()["id"]
+    job_id = submit_cnn(client, ada, "f", 300)
     with client.stream("GET", f"/v1/jobs/{job_id}/logs?follow=true", headers=ada) as r:
         text = "".join(r.iter_text())  # returns only once the job has ended
     assert "done: 300 steps" in text
     assert client.get(f"/v1/jobs/{job_id}", headers=ada).json()["state"] == "done"
-    job_id = client.post("/v1/jobs", json={"name": "t", "time_limit": "3s", "command":
-                                           ["python", "cnn.py", "--steps", "100000"]},
-                         headers=ada).json()["id"]
+    job_id = submit_cnn(client, ada, "t", 100_000, time_limit="3s")
     job = wait_state(client, job_id, tokens["ada"], ("done", "failed"))
     assert job["state"] == "failed" and "time limit" in job["reason"]
     assert job["finished_at"] - job["started_at"] < 30
