@@ -35,7 +35,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,10 +55,10 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
-GANDIVA = [sys.executable, "-m", "gandiva.cli"]
-CPU_ONLY = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # CPU slots, whatever GPUs there are
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' server and PostgreSQL helpers
+from serving import running  # noqa: E402
+
 GOAL_JOBS_PER_S = 500  # Slurm's documented figure for high-throughput configurations
-START_TIMEOUT_S = 60
 REQUEST_TIMEOUT_S = 120  # a request slower than this counts as an error, not a hang
 TICKS = os.sysconf("SC_CLK_TCK")
 console = Console(width=160)
@@ -121,12 +120,6 @@ def generate(url: str, token: str, names: list[str], clients: int) -> Load:
 
 
 # ---- the server and its database ---------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def cpu_s(pid: int) -> tuple[float, float]:
     """(the process's own CPU seconds, its reaped children's), from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -138,7 +131,6 @@ def cpu_s(pid: int) -> tuple[float, float]:
 @contextmanager
 def postgresql() -> Iterator[str]:
     """A throw-away cluster (tests/pgcluster.py), removed at the end; yields its URL."""
-    sys.path.insert(0, str(ROOT / "tests"))
     from pgcluster import Cluster, unavailable
 
     why = unavailable()
@@ -150,55 +142,6 @@ def postgresql() -> Iterator[str]:
         yield cluster.create_database()
     finally:
         cluster.stop()
-
-
-@dataclass
-class Server:
-    url: str
-    token: str
-    db: str
-    proc: subprocess.Popen
-
-
-@contextmanager
-def server(home: Path, db: str, slots: int, policy: str) -> Iterator[Server]:
-    """A user added, then ``gandiva server`` up (its /v1/whoami answers); SIGTERM at the end,
-    SIGKILL if it does not stop."""
-    import httpx2
-
-    token = subprocess.run([*GANDIVA, "user", "add", "load", "--home", str(home), "--db", db],
-                           check=True, capture_output=True, text=True, env=CPU_ONLY,
-                           cwd=ROOT).stdout.strip()
-    port, log = free_port(), home / "server.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen([*GANDIVA, "server", "--home", str(home), "--db", db,
-                                 "--port", str(port), "--slots", str(slots),
-                                 "--policy", policy], stdout=out, stderr=subprocess.STDOUT,
-                                env=CPU_ONLY, cwd=ROOT)
-    srv = Server(f"http://127.0.0.1:{port}", token, db, proc)
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited: {log.read_text()}")
-            try:
-                r = httpx2.get(f"{srv.url}/v1/whoami", timeout=2,
-                               headers={"Authorization": f"Bearer {token}"})
-                if r.status_code == 200:
-                    break
-            except httpx2.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not come up: {log.read_text()}")
-            time.sleep(0.2)
-        yield srv
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def settle(pid: int, idle_share: float = 0.05, window_s: float = 0.5,
@@ -290,14 +233,15 @@ def run_one(kind: str, args: argparse.Namespace, pool: Pool) -> dict[str, Any]:
         stack.callback(shutil.rmtree, home, ignore_errors=True)
         db = (stack.enter_context(postgresql()) if kind == "postgresql"
               else str(home / "gandiva.db"))
-        srv = stack.enter_context(server(home, db, args.slots, args.policy))
+        srv = stack.enter_context(running(home, users=("load",), policy=args.policy,
+                                          slots=args.slots, db=db))
         settle(srv.proc.pid)
         prefix = f"load-{uuid.uuid4().hex[:6]}-"
         names = [f"{prefix}{i:06d}" for i in range(args.jobs)]
         load0, own0 = os.getloadavg()[0], cpu_s(srv.proc.pid)
         profile = args.profile / f"{kind}.txt" if args.profile else None
         with profiling(srv.proc.pid, profile):
-            load = pool.apply(generate, (srv.url, srv.token, names, args.clients))
+            load = pool.apply(generate, (srv.url, srv.tokens["load"], names, args.clients))
         own1 = cpu_s(srv.proc.pid)
         load1 = os.getloadavg()[0]
         result = check(db, prefix, load.acked)

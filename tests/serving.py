@@ -34,24 +34,26 @@ class Server:
         return self.home / "users" / user
 
 
-def add_user(home: Path, name: str, admin: bool = False) -> str:
+def add_user(home: Path, name: str, admin: bool = False, db: str | None = None) -> str:
     """`gandiva user add NAME`: the token it prints."""
     return subprocess.run([*GANDIVA, "user", "add", name, "--home", str(home),
-                           *(["--admin"] if admin else [])],
+                           *(["--admin"] if admin else []), *(["--db", db] if db else [])],
                           check=True, capture_output=True, text=True).stdout.strip()
 
 
 @contextmanager
 def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str = "gandiva",
-            slots: int = 2, extra: tuple[str, ...] = ()) -> Iterator[Server]:
-    """Users added, then `gandiva server` up (its /v1/whoami answers); SIGTERM at the end."""
+            slots: int = 2, db: str | None = None) -> Iterator[Server]:
+    """Users added, then `gandiva server` up (its /v1/whoami answers); SIGTERM at the end,
+    SIGKILL if it does not stop. ``db``: a database URL (default: SQLite in ``home``)."""
     import httpx2
 
-    tokens = {u: add_user(home, u) for u in users}
+    tokens = {u: add_user(home, u, db=db) for u in users}
     port, log = free_port(), home / "server.log"
     with log.open("w") as out:
         proc = subprocess.Popen([*GANDIVA, "server", "--home", str(home), "--port", str(port),
-                                 "--slots", str(slots), "--policy", policy, *extra],
+                                 "--slots", str(slots), "--policy", policy,
+                                 *(["--db", db] if db else [])],
                                 stdout=out, stderr=subprocess.STDOUT, env=CPU_ONLY)
     srv = Server(f"http://127.0.0.1:{port}", home, tokens, proc)
     try:
@@ -74,3 +76,4 @@ def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str = "gand
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
