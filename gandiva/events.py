@@ -44,6 +44,17 @@ class Failure:
 
 
 @dataclass(frozen=True, slots=True)
+class Join:
+    """A server joined the cluster: a new machine, or one that comes back after a ``Failure``
+    (it joins as a new server, under a new id, as Ray gives a restarted node a new id)."""
+
+    time: float
+    gpus: int
+    gpu_type: str
+    memory_gb: float  # per GPU
+
+
+@dataclass(frozen=True, slots=True)
 class PriorityChange:
     """A user or a controller (e.g. a hyper-parameter search) changed a job's priority."""
 
@@ -59,4 +70,4 @@ class Tick:
     time: float
 
 
-Event = Arrival | Departure | ProfileSample | Failure | PriorityChange | Tick
+Event = Arrival | Departure | ProfileSample | Failure | Join | PriorityChange | Tick

@@ -238,6 +238,29 @@ class Cluster:
                 job = self.jobs[jid]
                 self._stop(job)
                 self._enqueue(job)
+        elif isinstance(event, E.Join):
+            self._join(event)
+
+    def _join(self, event: E.Join) -> None:
+        """Add a server whose GPUs are all free. Ids continue after every earlier server and
+        GPU: a failed server stays down under its old id, and comes back as a new one."""
+        if event.gpus < 1:
+            raise InvariantError(f"Join: a server needs at least one GPU, got {event.gpus}")
+        nid = len(self.nodes)
+        ids = list(range(len(self.gpus), len(self.gpus) + event.gpus))
+        # Decision: one socket, as the event does not report the server's PCIe topology (no
+        # job on it is charged for spanning sockets)
+        self.gpus.extend(GPU(g, nid, i, 0, event.gpu_type, event.memory_gb)
+                         for i, g in enumerate(ids))
+        # Decision: the last server's rack, as the event reports none (racks only group
+        # servers for locality, so a wrong guess costs placement quality, never correctness)
+        self.nodes.append(Node(nid, self.nodes[-1].rack if self.nodes else 0, ids))
+        self._free.append(list(ids))
+        while len(self._by_free) <= event.gpus:  # a server bigger than any before
+            self._by_free.append({})
+        self._by_free[event.gpus][nid] = None
+        self.total_gpus += event.gpus
+        self._free_total += event.gpus
 
     # ---- actions ------------------------------------------------------------------------
     def apply(self, action: A.Action) -> None:
@@ -420,5 +443,14 @@ class Cluster:
                 raise InvariantError(f"server {n.id} free index {self._free[n.id]} != {free}")
             if n.up and n.id not in self._by_free[len(free)]:
                 raise InvariantError(f"server {n.id} missing from free bucket {len(free)}")
+        if sum(map(len, self._by_free)) != sum(n.up for n in self.nodes):
+            raise InvariantError("free buckets do not hold each up server exactly once")
         if self._free_total != sum(len(self._free[n.id]) for n in self.nodes if n.up):
             raise InvariantError("free GPU total out of step")
+        ids = list(range(len(self.gpus)))
+        if [g.id for g in self.gpus] != ids or [n.id for n in self.nodes] != list(
+                range(len(self.nodes))) or self.total_gpus != len(self.gpus):
+            raise InvariantError("server or GPU ids are not their positions, or total is off")
+        if sorted(g for n in self.nodes for g in n.gpus) != ids or any(
+                self.gpus[g].node != n.id for n in self.nodes for g in n.gpus):
+            raise InvariantError("servers do not list each GPU once, each on its own server")

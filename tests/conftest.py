@@ -3,12 +3,32 @@ import os
 import pgcluster
 import pytest
 
+from gandiva.events import Event
+from gandiva.policies import make_policy
+from gandiva.scheduler import Scheduler
 from gandiva.spec import JobSpec, Trace
+from gandiva.state import Cluster
 
 
 def job(jid: str, submit: float, gpus: int, duration: float, **kw) -> JobSpec:
     return JobSpec(id=jid, submit_time=submit, num_gpus=gpus, model=kw.pop("model", "resnet50"),
                    duration=duration, **kw)
+
+
+def drive(cluster: str, policy: str, *events: Event) -> tuple[Scheduler, list]:
+    """A scheduler on a fresh cluster that has handled ``events`` (checking the invariants
+    after each), and the list of actions its backend is asked for, which grows as it goes on."""
+    actions: list = []
+
+    class Log:
+        def execute(self, action, cluster) -> None:
+            actions.append(action)
+
+    sched = Scheduler(Cluster.build(cluster), make_policy(policy), Log())
+    for event in events:
+        sched.handle(event)
+        sched.cluster.check_invariants()
+    return sched, actions
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The Gandiva policy's mechanisms, each decided on a small hand-built cluster."""
 
 import pytest
-from conftest import job
+from conftest import drive, job
 
 from gandiva import actions as A
 from gandiva import events as E
@@ -13,7 +13,7 @@ from gandiva.policies.gandiva.timeslice import rotate
 from gandiva.sim.engine import SimConfig, Simulator
 from gandiva.sim.perf import default_perf_model
 from gandiva.spec import JobSpec
-from gandiva.state import Cluster
+from gandiva.state import Cluster, JobStatus
 
 PERF = default_perf_model()
 
@@ -283,6 +283,50 @@ def test_every_bundled_mechanism_keeps_the_invariants_on_a_busy_cluster():
     s = summarize(result)
     assert s["finished"] == 120
     assert s["suspends"] > 0
+
+
+# ---- servers joining ------------------------------------------------------------------------
+
+def test_a_joining_server_takes_the_time_sliced_jobs_of_an_oversubscribed_one():
+    sched, actions = drive("1x1", "gandiva", *(E.Arrival(t, job(jid, t, 1, 1000))
+                                               for t, jid in enumerate("abc")), E.Tick(60.0))
+    cluster, p = sched.cluster, sched.policy
+    assert cluster.jobs["a"].status is JobStatus.SUSPENDED  # b's turn; c waits for one
+    assert p.book.height(0) == 3.0
+    before = len(actions)
+    sched.handle(E.Join(70.0, 2, "V100", 16.0))
+    cluster.check_invariants()
+    moved = [(type(a), a.job_id, servers(cluster, a)) for a in actions[before:]]
+    assert moved == [(A.Resume, "a", {1}), (A.Place, "c", {1})]
+    assert p.book.size == [1, 2] and p.book.height(0) == 1.0 and p.book.height(1) == 1.0
+
+
+def test_a_time_sliced_gang_moves_whole_onto_a_joining_server():
+    sched, actions = drive("2x2", "gandiva", E.Arrival(0.0, job("g", 0, 4, 1000)),
+                           E.Arrival(1.0, job("h", 1, 4, 1000)))
+    p = sched.policy
+    assert p.book.home["h"] == (0, 1) and sched.cluster.jobs["h"].status is JobStatus.QUEUED
+    sched.handle(E.Join(10.0, 4, "V100", 16.0))
+    (place,) = [a for a in actions if isinstance(a, A.Place) and a.job_id == "h"]
+    assert servers(sched.cluster, place) == {2} and p.book.home["h"] == (2,)
+    assert p.book.height(0) == p.book.height(1) == p.book.height(2) == 1.0
+
+
+@pytest.mark.parametrize("policy", ["gandiva:max_height=1", "gandiva:-oversubscribe"])
+def test_jobs_that_found_no_server_start_on_a_joining_one(policy):
+    sched, _ = drive("1x1", policy, E.Arrival(0.0, job("a", 0, 1, 1000)),
+                     E.Arrival(1.0, job("b", 1, 1, 1000)))
+    assert "b" in sched.policy.unassigned
+    sched.handle(E.Join(10.0, 1, "V100", 16.0))
+    b = sched.cluster.jobs["b"]
+    assert b.status is JobStatus.RUNNING and sched.cluster.servers_of(b.gpus) == {1}
+    assert "b" not in sched.policy.unassigned and sched.policy.book.home["b"] == (1,)
+
+
+def test_the_book_covers_a_server_that_joined_before_the_first_decision():
+    sched, _ = drive("1x1", "gandiva", E.Join(0.0, 2, "V100", 16.0),
+                     E.Arrival(1.0, job("a", 1, 2, 100)))
+    assert sched.policy.book.size == [1, 2] and sched.policy.book.home["a"] == (1,)
 
 
 # ---- beyond the paper: least-attained-service admission ------------------------------------

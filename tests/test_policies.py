@@ -1,7 +1,7 @@
 """The baselines' decisions on small hand-built clusters, with hand-computed JCTs."""
 
 import pytest
-from conftest import job
+from conftest import drive, job
 
 from gandiva import actions as A
 from gandiva import events as E
@@ -11,7 +11,7 @@ from gandiva.policies.placement import best_fit
 from gandiva.sim.perf import default_perf_model
 from gandiva.sim.run import simulate
 from gandiva.spec import JobSpec
-from gandiva.state import Cluster
+from gandiva.state import Cluster, JobStatus
 
 
 def jcts(result) -> dict[str, float]:
@@ -119,3 +119,17 @@ def test_a_job_cancelled_while_queued_or_suspended_is_never_started(policy):
     started = {a.job_id for a in done[before:] if hasattr(a, "gpus")}
     assert not started & {"b", "c"}
     assert cluster.free_count() == 1 and not cluster.queue and not cluster.suspended
+
+
+@pytest.mark.parametrize("policy", ["fifo", "las", "gandiva", "gandiva:-oversubscribe"])
+def test_jobs_that_did_not_fit_start_on_a_server_that_joins(policy):
+    # one 2-GPU server: a runs; b waits, and wide is wider than any server yet
+    sched, _ = drive("1x2", policy, E.Arrival(0.0, job("a", 0, 2, 600)),
+                     E.Arrival(1.0, job("b", 1, 2, 600)), E.Arrival(2.0, job("wide", 2, 4, 600)))
+    cluster = sched.cluster
+    assert [j.status for j in cluster.jobs.values()] == [JobStatus.RUNNING] + [
+        JobStatus.QUEUED] * 2
+    sched.handle(E.Join(10.0, 6, "V100", 16.0))
+    cluster.check_invariants()
+    assert all(j.status is JobStatus.RUNNING for j in cluster.jobs.values())
+    assert cluster.servers_of(cluster.jobs["b"].gpus + cluster.jobs["wide"].gpus) == {1}

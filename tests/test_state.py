@@ -110,6 +110,52 @@ def test_failure_requeues_the_whole_gang_and_takes_the_server_out():
     c.check_invariants()
 
 
+def test_join_adds_a_server_of_free_gpus_numbered_after_all_others():
+    c = Cluster.build("2x2")
+    c.observe(E.Join(5.0, 2, "T4", 16.0))
+    node = c.nodes[2]
+    assert (node.id, node.rack, node.gpus, node.up) == (2, c.nodes[1].rack, [4, 5], True)
+    assert [(g.node, g.index, g.socket, g.type, g.memory_gb) for g in c.gpus[4:]] == [
+        (2, 0, 0, "T4", 16.0), (2, 1, 0, "T4", 16.0)]
+    assert c.total_gpus == 6 and c.free_count() == 6 and c.free_gpus(2) == [4, 5]
+    assert list(c.nodes_with_free(2)) == [0, 1, 2]
+    c.check_invariants()
+    arrive(c, "a", gpus=2)
+    c.apply(A.Place("a", (4, 5)))
+    assert c.allocated_count() == 2 and list(c.nodes_with_free(0)) == [2]
+    c.check_invariants()
+
+
+def test_a_server_bigger_than_any_before_grows_the_free_buckets():
+    c = Cluster.build("2x2")
+    c.observe(E.Join(1.0, 8, "A100", 40.0))
+    assert c.max_free_bucket == 8 and list(c.nodes_with_free(8)) == [2]
+    arrive(c, "wide", gpus=8)
+    c.apply(A.Place("wide", tuple(range(4, 12))))
+    c.check_invariants()
+    c.observe(E.Departure(2.0, "wide"))
+    assert list(c.nodes_with_free(8)) == [2] and c.free_count() == 12
+    c.check_invariants()
+    with pytest.raises(InvariantError, match="at least one GPU"):
+        c.observe(E.Join(3.0, 0, "A100", 40.0))
+    assert len(c.nodes) == 3 and c.total_gpus == 12
+
+
+def test_a_failed_server_comes_back_as_a_new_one():
+    c = Cluster.build("2x2")
+    arrive(c, "a", gpus=2)
+    c.apply(A.Place("a", (2, 3)))
+    c.observe(E.Failure(5.0, 1))
+    c.observe(E.Join(9.0, 2, "V100", 16.0))
+    assert [n.up for n in c.nodes] == [True, False, True]
+    assert c.nodes[2].gpus == [4, 5]  # the down server keeps its ids; none is reused
+    assert c.total_gpus == 6 and c.free_count() == 4 and c.allocated_count() == 0
+    c.check_invariants()
+    c.apply(A.Place("a", (4, 5)))
+    assert c.allocated_count() == 2
+    c.check_invariants()
+
+
 def test_departure_frees_gpus_and_counts():
     c = Cluster.build("1x2")
     arrive(c, "a")

@@ -27,7 +27,7 @@ class Fifo:
 
     def decide(self, event: E.Event, cluster: Cluster) -> Iterator[A.Action]:
         if isinstance(event, E.ProfileSample | E.Tick):
-            return
+            return  # any other event may let the head start: GPUs freed, a server joined
         free = cluster.free_count()
         depth = self.backfill_depth if self.backfill else 1
         i = 0  # index into the queue; a started job leaves it, so the index stays put

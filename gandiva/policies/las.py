@@ -47,7 +47,7 @@ class Las:
     def decide(self, event: E.Event, cluster: Cluster) -> Iterator[A.Action]:
         if isinstance(event, E.ProfileSample):
             return
-        self._observe(event, cluster)
+        self._observe(event, cluster)  # (a server that joined changes no job's level)
         if self._waiting and self._running and self._waiting[0] < self._running[-1]:
             yield from self._reorder(cluster)
         else:

@@ -1,7 +1,8 @@
 """``gandiva``: the Gandiva policy (Xiao et al., OSDI 2018), reactive and introspective.
 
 Reactive: place arrivals by affinity, over-subscribing servers (Algorithm 1); on departures,
-start waiting jobs and lower the cluster's height by moving waiting jobs onto freed GPUs.
+and when a server joins, start waiting jobs and lower the cluster's height by moving waiting
+jobs onto the free GPUs.
 Introspective, continuously: time-slice over-subscribed servers, pack under overload when the
 profiles say it pays, migrate for locality, defragment, grow and shrink elastic jobs.
 
@@ -118,6 +119,8 @@ class Gandiva:
             self._forget(job)
         elif isinstance(event, E.Failure):
             self._recover(cluster, event.node)
+        elif isinstance(event, E.Join):
+            self.book.add_servers(cluster)
         elif isinstance(event, E.PriorityChange):
             job = cluster.jobs[event.job_id]
             if job.id in self.unassigned:
@@ -140,7 +143,7 @@ class Gandiva:
         touched |= slices
         if not isinstance(event, E.Tick):  # time slices move no job between servers
             yield from self._place_waiting(cluster)
-        if isinstance(event, E.Departure):
+        if isinstance(event, E.Departure | E.Join):  # GPUs became free, or new ones came
             yield from self._lower_height(cluster)
             if self.migrate:
                 yield from migration.consolidate(self, cluster)

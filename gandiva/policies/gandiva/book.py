@@ -58,8 +58,16 @@ class Book:
 
     @classmethod
     def of(cls, cluster: Cluster) -> Book:
-        n = len(cluster.nodes)
-        return cls([{} for _ in range(n)], [0] * n, [node.size for node in cluster.nodes])
+        book = cls([], [], [])
+        book.add_servers(cluster)
+        return book
+
+    def add_servers(self, cluster: Cluster) -> None:
+        """Open a page for each server that joined the cluster since the book last looked."""
+        for node in cluster.nodes[len(self.size):]:
+            self.members.append({})
+            self.demand.append(0)
+            self.size.append(node.size)
 
     def height(self, server: int) -> float:
         """Demand over capacity: above 1 the server time-slices (the paper's "height")."""
