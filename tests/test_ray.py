@@ -5,6 +5,7 @@ for this file."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 from test_runtime import EXAMPLES, assert_identical, reference  # noqa: E402
 
+from gandiva import actions as A  # noqa: E402
 from gandiva.policies import make_policy  # noqa: E402
 from gandiva.runtime import checkpoint  # noqa: E402
 from gandiva.runtime.agent import Launch  # noqa: E402
@@ -86,7 +88,7 @@ def test_a_job_migrated_to_another_node_ends_bit_identical(nodes, tmp_path):
     nodes.start("m", cnn(*args), (0,))  # node 0
     wait(lambda: checkpoint.steps(node_checkpoints(nodes, 0, "m")), what="a checkpoint")
     nodes.restart("m", (3,))  # device 3 is on node 1: checkpoint, object store, restore
-    assert nodes.jobs["m"] == 1
+    assert nodes.jobs["m"] == (1,)
     ev = nodes.events.get(timeout=180)
     while ev.kind in ("profile", "started"):
         ev = nodes.events.get(timeout=180)
@@ -94,6 +96,52 @@ def test_a_job_migrated_to_another_node_ends_bit_identical(nodes, tmp_path):
     log = nodes.read_log("m").decode()
     assert "restored from checkpoint at step" in log  # it did not start over
     assert_identical(checkpoint.latest(node_checkpoints(nodes, 1, "m"))[1], ref)
+
+
+def test_a_gang_over_two_nodes_trains_and_is_time_sliced(nodes, tmp_path):
+    """Two 4-rank gangs on three 2-device nodes: each spans two nodes (torchrun rendezvous
+    across them), and they take turns; both end bit-identical to an uninterrupted run."""
+    args = ("--steps", "1200", "--seed", "3")  # about 20 s each: several turns of 4 s
+    ref = reference(tmp_path, "elastic_mlp.py", *args)
+    backend = LocalBackend(make_policy("gandiva:quantum=4:-elastic:-pack"), nodes.workdir,
+                           nodes=nodes, feedback_steps=20)
+    for name in ("a", "b"):
+        backend.submit(JobSpec(name, 0.0, 4, "unknown"),
+                       Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), *args]))
+    result = backend.run(timeout=400)
+    recs = {r.spec.id: r for r in result.jobs}
+    assert all(r.status == "done" and r.restarts == 0 for r in recs.values()), [
+        (r.spec.id, r.status, r.reason) for r in recs.values()]
+    for name in ("a", "b"):
+        suspends = [a for _, a, _ in result.actions
+                    if isinstance(a, A.Suspend) and a.job_id == name]
+        assert suspends, f"{name} was never time-sliced"
+        spans = {nodes.where[d][0] for d in recs[name].devices}
+        assert len(spans) == 2, f"{name} ran on {spans}"
+        last = nodes.holder[name]  # rank 0's node wrote the final checkpoint
+        assert_identical(checkpoint.latest(node_checkpoints(nodes, last, name))[1], ref)
+        other = nodes.plans[name][1][0]  # ranks 2 and 3 ran on the other node
+        log = (node_checkpoints(nodes, other, name).parent / "rank3.log").read_text()
+        assert "done: 1200 steps on 4 rank(s)" in log
+
+
+def test_a_crashed_rank_restarts_its_whole_gang_from_the_checkpoint(nodes, tmp_path):
+    args = ("--steps", "3000", "--seed", "4")
+    ref = reference(tmp_path, "elastic_mlp.py", *args)
+    nodes.start("g", Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), *args]), (0, 1, 2, 3))
+    assert nodes.jobs["g"] == (0, 1)
+    wait(lambda: checkpoint.steps(node_checkpoints(nodes, 0, "g")), what="a checkpoint")
+    pids = node_checkpoints(nodes, 1, "g").parent / "pids"  # ranks 2 and 3, on node 1
+    os.kill(int(pids.read_text().split()[0]), signal.SIGKILL)
+    seen = []
+    while not seen or seen[-1].kind not in ("done", "failed"):
+        seen.append(nodes.events.get(timeout=180))
+    ends = [e for e in seen if e.kind not in ("profile", "started")]
+    assert [e.kind for e in ends] == ["restarted", "done"], ends
+    assert "killed by signal 9" in ends[0].data["reason"]
+    log = (node_checkpoints(nodes, 0, "g").parent / "rank0.log").read_text()
+    assert log.count("--- gandiva: start on") == 2 and "restored from checkpoint" in log
+    assert_identical(checkpoint.latest(node_checkpoints(nodes, 0, "g"))[1], ref)
 
 
 def test_a_lost_node_s_jobs_finish_elsewhere_from_their_checkpoints(nodes, cluster, tmp_path):
@@ -109,8 +157,8 @@ def test_a_lost_node_s_jobs_finish_elsewhere_from_their_checkpoints(nodes, clust
     loop.start()
     replicas = nodes.workdir / "replicas" / "victim"
     wait(lambda: "victim" in nodes.jobs and checkpoint.steps(replicas), what="a replica")
-    lost = nodes.jobs["victim"]
-    assert nodes.jobs["bystander"] != lost
+    (lost,) = nodes.jobs["victim"]
+    assert nodes.jobs["bystander"] != (lost,)
     cluster.remove_node(next(n for n in cluster.list_all_nodes()
                              if n.node_id == nodes.infos[lost]["node_id"]))
     loop.join(timeout=450)

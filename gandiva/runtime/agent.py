@@ -50,9 +50,24 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Gang:
+    """This node's part of a gang spread over several nodes: ranks ``first`` to
+    ``first + len(devices) - 1`` of ``world``, meeting at rank 0's node (torchrun's
+    MASTER_ADDR/MASTER_PORT). Whoever spreads the gang (the ray backend) restarts it as one:
+    a part whose rank crashes reports ``crashed`` instead of restarting alone."""
+
+    first: int
+    world: int
+    master_addr: str
+    master_port: int
+    run: int = 0  # which start of the gang: its parts' end events carry it
+
+
 @dataclass
 class AgentEvent:
-    """What the agent reports: ``profile``, ``done``, ``failed``, ``restarted``."""
+    """What the agent reports: ``started``, ``profile``, ``done``, ``failed``,
+    ``restarted``; and ``crashed`` for a part of a gang (see ``Gang``)."""
 
     kind: str
     job_id: str
@@ -85,6 +100,12 @@ class _Job:
     step: int = 0
     acks: dict[str, threading.Event] = field(default_factory=dict)
     replies: dict[str, dict] = field(default_factory=dict)
+    gang: Gang | None = None  # a part of a gang over several nodes
+
+    @property
+    def first(self) -> int:
+        """The global rank of its first process here."""
+        return self.gang.first if self.gang else 0
 
 
 class AgentError(RuntimeError):
@@ -132,11 +153,14 @@ class Agent:
         return self.job_dir(job_id) / "checkpoints"
 
     # ---- actions ------------------------------------------------------------------------
-    def start(self, job_id: str, launch: Launch, devices: tuple[int, ...]) -> None:
-        """Start (or restart, from its latest checkpoint) ``job_id`` on ``devices``."""
+    def start(self, job_id: str, launch: Launch, devices: tuple[int, ...],
+              gang: Gang | None = None) -> None:
+        """Start (or restart, from its latest checkpoint) ``job_id`` on ``devices``; with
+        ``gang``, only this node's part of it."""
         with self._lock:
             old = self.jobs.get(job_id)
-            job = _Job(job_id, launch, tuple(devices), restarts=old.restarts if old else 0)
+            job = _Job(job_id, launch, tuple(devices), restarts=old.restarts if old else 0,
+                       gang=gang)
             self.jobs[job_id] = job
             self.ended.discard(job_id)
             self._spawn(job)
@@ -245,9 +269,12 @@ class Agent:
         directory = self.job_dir(job.id)
         directory.mkdir(parents=True, exist_ok=True)
         _kill_leftovers(directory / "pids")
-        world = len(job.devices)
-        port = _free_port()
-        for rank in range(world):
+        here = len(job.devices)
+        if job.gang is None:
+            world, master = here, ("127.0.0.1", free_port())
+        else:
+            world, master = job.gang.world, (job.gang.master_addr, job.gang.master_port)
+        for rank in range(here):
             mine = job.devices[rank]
             visible = [mine] + [d for d in range(len(self.devices)) if d != mine]
             env = {**os.environ, **job.launch.env,
@@ -255,9 +282,10 @@ class Agent:
                    "GANDIVA_CHECKPOINT_DIR": str(self.checkpoint_dir(job.id)),
                    "GANDIVA_CHECKPOINT_EVERY_S": str(self.checkpoint_every_s),
                    "GANDIVA_THREADS": str(self.threads),
-                   "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-                   "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                   "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1",
+                   "RANK": str(job.first + rank), "LOCAL_RANK": str(rank),
+                   "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(here),
+                   "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]),
+                   "PYTHONUNBUFFERED": "1",
                    "OMP_NUM_THREADS": str(self.threads)}
             if self.gpu:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(
@@ -266,7 +294,7 @@ class Agent:
             else:
                 env["GANDIVA_DEVICE"] = f"cpu:{job.devices[rank]}"
             command = [self.python if c == "{python}" else c for c in job.launch.command]
-            log_path = directory / f"rank{rank}.log"
+            log_path = directory / f"rank{job.first + rank}.log"  # logs go by global rank
             with open(log_path, "ab") as log:
                 log.write(f"--- gandiva: start on {env['GANDIVA_DEVICE']} "
                           f"(attempt {job.restarts + 1}) ---\n".encode())
@@ -455,13 +483,13 @@ class Agent:
         with self._lock:
             if ev == "hello":
                 job.aware = True
-            elif ev == "profile" and r.rank == 0:
+            elif ev == "profile" and job.first + r.rank == 0:
                 job.step = msg["step"]
                 self.events.put(AgentEvent("profile", job.id, msg))
             elif ev == "done":
                 job.done = True
                 job.step = msg["step"]
-            elif ev == "started" and r.rank == 0:
+            elif ev == "started" and job.first + r.rank == 0:
                 self.events.put(AgentEvent("started", job.id, msg))
             elif ev in ("suspended", "resumed", "checkpointed"):
                 job.replies[f"{ev}:{r.rank}"] = msg
@@ -486,7 +514,8 @@ class Agent:
                     self._drop(job)
                     self.ended.add(job.id)
                     del self.jobs[job.id]
-                    self.events.put(AgentEvent("done", job.id, {"step": job.step}))
+                    self.events.put(AgentEvent("done", job.id, {
+                        "step": job.step, "run": job.gang.run if job.gang else 0}))
                     continue
                 if any(c not in (None, 0) for c in codes) or all(c is not None for c in codes):
                     self._crashed(job, codes)
@@ -500,11 +529,18 @@ class Agent:
         self._drop(job)
         bad = next(c for c in [r.exit for r in job.ranks] if c != 0)
         why = (f"killed by signal {-bad}" if bad < 0 else f"exited with status {bad}")
+        if job.gang is not None:  # the whole gang restarts, on every node: not ours to do
+            self.jobs.pop(job.id, None)
+            self.ended.add(job.id)
+            self.events.put(AgentEvent("crashed", job.id, {
+                "reason": f"{why}; end of its log:\n" + self.log_tail(job.id, job.first),
+                "run": job.gang.run}))
+            return
         if job.restarts < self.max_restarts:
             job.restarts += 1
             self.events.put(AgentEvent("restarted", job.id, {"reason": why,
                                                              "attempt": job.restarts + 1}))
-            fresh = _Job(job.id, job.launch, job.devices, restarts=job.restarts)
+            fresh = _Job(job.id, job.launch, job.devices, restarts=job.restarts, gang=job.gang)
             self.jobs[job.id] = fresh
             self._spawn(fresh)
             return
@@ -514,7 +550,8 @@ class Agent:
     def _finish(self, job: _Job, reason: str) -> None:
         self.jobs.pop(job.id, None)
         self.ended.add(job.id)
-        self.events.put(AgentEvent("failed", job.id, {"reason": reason}))
+        self.events.put(AgentEvent("failed", job.id, {
+            "reason": reason, "run": job.gang.run if job.gang else 0}))
 
     def _drop(self, job: _Job) -> None:
         for r in job.ranks:
@@ -525,7 +562,7 @@ class Agent:
             r.sock.close()
 
     def _log(self, job: _Job, text: str) -> None:
-        with open(self.job_dir(job.id) / "rank0.log", "ab") as f:
+        with open(self.job_dir(job.id) / f"rank{job.first}.log", "ab") as f:
             f.write(f"--- gandiva: {text} ---\n".encode())
 
     def read_log(self, job_id: str, rank: int = 0, offset: int = 0) -> bytes:
@@ -536,8 +573,8 @@ class Agent:
             f.seek(offset)
             return f.read()
 
-    def log_tail(self, job_id: str, lines: int = LOG_TAIL_LINES) -> str:
-        path = self.job_dir(job_id) / "rank0.log"
+    def log_tail(self, job_id: str, rank: int = 0, lines: int = LOG_TAIL_LINES) -> str:
+        path = self.job_dir(job_id) / f"rank{rank}.log"
         if not path.exists():
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -572,7 +609,7 @@ def _kill_leftovers(path: Path) -> None:
                 pass
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

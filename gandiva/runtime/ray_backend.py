@@ -14,8 +14,12 @@ node agents, with one cluster-wide numbering of devices.
 - Node failure: every new checkpoint a node writes is also copied to the head
   (``<workdir>/replicas``), so when a node dies (its agent or its raylet), its jobs go back to
   placement and restart elsewhere from their last checkpoint; nothing else is disturbed.
-- Not yet: a gang spread over several nodes (a job wider than one node fails with a clear
-  reason), and nodes that join after the server started.
+- A gang spread over several nodes runs as one part per node (``Gang``: global ranks, and
+  torchrun's rendezvous at rank 0's node). It is suspended, resumed, checkpointed and moved
+  as one: the head sends each action to every part at once (the job library makes the ranks
+  act at the same mini-batch boundary), and every part restores the same checkpoint, the
+  newest one, which rank 0's node writes and the others receive through the object store.
+  When a rank crashes, the whole gang restarts from that checkpoint, as torchrun does.
 
 Decision: a job's working directory must exist on every node (a shared file system, as
 Slurm assumes); checkpoints and logs live on the node that runs the job.
@@ -39,7 +43,7 @@ import ray  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 from gandiva.runtime import checkpoint  # noqa: E402
-from gandiva.runtime.agent import Agent, AgentEvent, Launch  # noqa: E402
+from gandiva.runtime.agent import Agent, AgentEvent, Gang, Launch, free_port  # noqa: E402
 from gandiva.runtime.local import detect_devices  # noqa: E402
 from gandiva.state import GPU, Cluster, Node  # noqa: E402
 
@@ -66,11 +70,20 @@ class NodeAgent:
         return self.about
 
     def start(self, job_id: str, launch: Launch, devices: tuple[int, ...],
-              ckpt: tuple[int, bytes] | None = None) -> None:
+              ckpt: tuple[int, bytes] | None = None, gang: Gang | None = None) -> None:
+        """Start the job (this node's part of it) from ``ckpt``, the newest checkpoint, if
+        it came from elsewhere."""
         if ckpt is not None:
             checkpoint.install(self.agent.checkpoint_dir(job_id), *ckpt)
-            self.copied[job_id] = ckpt[0]
-        self.agent.start(job_id, launch, devices)
+            if gang is not None and gang.first > 0:
+                self.copied[job_id] = ckpt[0]  # rank 0's node copies it to the head
+        self.agent.start(job_id, launch, devices, gang)
+
+    def free_port(self) -> int:
+        return free_port()
+
+    def newest(self, job_id: str) -> tuple[int, bytes] | None:
+        return checkpoint.newest_file(self.agent.checkpoint_dir(job_id))
 
     def suspend(self, job_id: str) -> None:
         self.agent.suspend(job_id)
@@ -90,7 +103,7 @@ class NodeAgent:
     def hand_over(self, job_id: str) -> tuple[int, bytes] | None:
         """Checkpoint at the next boundary, stop, and give the checkpoint file away."""
         self.agent.park(job_id)
-        return checkpoint.newest_file(self.agent.checkpoint_dir(job_id))
+        return self.newest(job_id)
 
     def read_log(self, job_id: str, rank: int, offset: int) -> bytes:
         return self.agent.read_log(job_id, rank, offset)
@@ -124,7 +137,8 @@ class RayNodes:
     """The ``Agent`` interface over one ``NodeAgent`` per Ray node with GPUs.
 
     Devices are numbered across the cluster, node by node; ``cluster()`` gives the
-    scheduler's view (one server per node)."""
+    scheduler's view (one server per node). A job runs as one part per node it has devices
+    on; its ranks go node by node, in the order the devices were given."""
 
     def __init__(self, workdir: Path, address: str | None = None, threads: int = 1,
                  checkpoint_every_s: float = 300.0, max_restarts: int = 3) -> None:
@@ -132,6 +146,7 @@ class RayNodes:
             ray.init(address=address, logging_level="warning", log_to_driver=False)
         self.workdir = Path(workdir).resolve()
         self.replicas = self.workdir / "replicas"
+        self.max_restarts = max_restarts
         nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU", 0) >= 1]
         if not nodes:
             raise RuntimeError("no Ray node offers GPUs; start workers with --num-gpus N "
@@ -152,12 +167,19 @@ class RayNodes:
                 self.devices.append(f"n{i}/{name}")
                 self.where.append((i, local))
         self.events: queue.Queue[AgentEvent] = queue.Queue()
-        self.jobs: dict[str, int] = {}  # job -> the node running it
+        self.jobs: dict[str, tuple[int, ...]] = {}  # job -> nodes running it, rank 0's first
+        self.plans: dict[str, list[tuple[int, tuple[int, ...]]]] = {}  # its parts
+        self.left: dict[str, set[int]] = {}  # job -> nodes whose part has not finished
+        self.holder: dict[str, int] = {}  # job -> the node with its newest checkpoint
+        self.restarts: dict[str, int] = {}  # restarts of gangs over several nodes
+        self.runs: dict[str, int] = {}  # starts of each job: tells a part of this run
         self.ended: set[str] = set()
         self.launches: dict[str, Launch] = {}
-        self.visited: dict[str, list[int]] = {}  # job -> nodes it ran on, in order (its logs)
+        self.visited: dict[str, list[int]] = {}  # job -> nodes it ran on, first seen first
         self.alive = [True] * len(self.actors)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the maps above, between the loop and the pumps
+        # one action on the jobs at a time: the loop's, or a pump's restart of a gang
+        self._act = threading.RLock()
         self._closed = False
         self._pumps = [threading.Thread(target=self._pump, args=(i,), daemon=True,
                                         name=f"gandiva-ray-node{i}")
@@ -176,60 +198,53 @@ class RayNodes:
         return Cluster(nodes, gpus)
 
     # ---- the Agent interface ------------------------------------------------------------
-    def _on(self, devices: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
-        nodes = {self.where[d][0] for d in devices}
-        if len(nodes) > 1:
-            raise NotImplementedError("a gang over several nodes")
-        node = nodes.pop()
-        return node, tuple(self.where[d][1] for d in devices)
-
     def start(self, job_id: str, launch: Launch, devices: tuple[int, ...]) -> None:
-        self.launches[job_id] = launch
-        self.ended.discard(job_id)
-        try:
-            node, local = self._on(devices)
-        except NotImplementedError:
-            self._failed(job_id, f"it needs {len(devices)} devices on one node; gangs over "
-                                 "several nodes are not supported on the ray backend yet")
-            return
-        ckpt = self._replica(job_id) if self.visited.get(job_id, [node])[-1] != node else None
-        self._call(node, "start", job_id, launch, local, ckpt)
-        self._ran(job_id, node)
+        with self._act:
+            self.launches[job_id] = launch
+            self.ended.discard(job_id)
+            self._launch(job_id, self._plan(devices))
 
     def suspend(self, job_id: str) -> None:
-        if job_id in self.jobs:
-            self._call(self.jobs[job_id], "suspend", job_id)
+        with self._act:
+            self._each(job_id, "suspend")
 
     def resume(self, job_id: str, devices: tuple[int, ...]) -> None:
-        if job_id not in self.jobs:
-            return
-        node, local = self._on(devices)
-        if node == self.jobs[job_id]:
-            self._call(node, "resume", job_id, local)
-        else:
-            self.restart(job_id, devices)
+        with self._act:
+            if job_id not in self.jobs:
+                return
+            plan, old = self._plan(devices), self.plans[job_id]
+            # in place if every part stays on its node with as many devices; a gang over
+            # several nodes changes GPUs only through a checkpoint (NCCL binds its GPUs)
+            if _shape(plan) == _shape(old) and (len(plan) == 1 or plan == old
+                                                or self._cpu(plan)):
+                self.plans[job_id] = plan
+                self._wait([self.actors[n].resume.remote(job_id, local) for n, local in plan])
+            else:
+                self._move(job_id, plan)
 
     def restart(self, job_id: str, devices: tuple[int, ...]) -> None:
-        """Migration, grow and shrink; to another node, through the object store."""
-        if job_id not in self.jobs:
-            return
-        src = self.jobs[job_id]
-        node, local = self._on(devices)
-        if node == src:
-            self._call(node, "restart", job_id, local)
-            return
-        ckpt = self.actors[src].hand_over.remote(job_id)  # a reference: src -> dst directly
-        self._call(node, "start", job_id, self.launches[job_id], local, ckpt)
-        self._ran(job_id, node)
+        """Migration, grow and shrink; to other nodes, through the object store."""
+        with self._act:
+            if job_id not in self.jobs:
+                return
+            plan, old = self._plan(devices), self.plans[job_id]
+            if len(plan) == len(old) == 1 and plan[0][0] == old[0][0]:
+                self.plans[job_id] = plan  # within a node: its agent does it
+                self._call(plan[0][0], "restart", job_id, plan[0][1])
+            else:
+                self._move(job_id, plan)
 
     def kill(self, job_id: str) -> None:
-        self._stop(job_id, "kill")
+        with self._act:
+            self._stop(job_id, "kill")
 
     def park(self, job_id: str) -> None:
-        self._stop(job_id, "park")
+        with self._act:
+            self._stop(job_id, "park")
 
     def read_log(self, job_id: str, rank: int = 0, offset: int = 0) -> bytes:
-        """The job's log (one rank's) from ``offset``, across the nodes it ran on."""
+        """One rank's log from ``offset``, across the nodes it ran on (each node's part in
+        the order the job first came there)."""
         parts = [self._call(node, "read_log", job_id, rank, 0) or b""
                  for node in self.visited.get(job_id, []) if self.alive[node]]
         return b"".join(parts)[offset:]
@@ -246,32 +261,142 @@ class RayNodes:
             t.join(timeout=5)
 
     # ---- inside -------------------------------------------------------------------------
+    def _plan(self, devices: tuple[int, ...]) -> list[tuple[int, tuple[int, ...]]]:
+        """The job's parts: (node, its devices there), nodes in the order they come."""
+        parts: dict[int, list[int]] = {}
+        for d in devices:
+            node, local = self.where[d]
+            parts.setdefault(node, []).append(local)
+        return [(node, tuple(local)) for node, local in parts.items()]
+
+    def _cpu(self, plan: list[tuple[int, tuple[int, ...]]]) -> bool:
+        return all(self.infos[n]["devices"][0].startswith("cpu") for n, _ in plan)
+
+    def _launch(self, job_id: str, plan: list[tuple[int, tuple[int, ...]]],
+                ckpt: Any = None) -> None:
+        """Start the job's parts at once, each node with the job's newest checkpoint:
+        ``ckpt`` (a reference to it) or else the holder's, or the head's replica if the
+        holder is gone."""
+        holder = self.holder.get(job_id)
+        if ckpt is None and holder is not None and any(n != holder for n, _ in plan):
+            ckpt = (self.actors[holder].newest.remote(job_id) if self.alive[holder]
+                    else self._replica(job_id))
+        gang, first = None, 0
+        world = sum(len(local) for _, local in plan)
+        run = self.runs[job_id] = self.runs.get(job_id, 0) + 1
+        if len(plan) > 1:
+            master = plan[0][0]
+            gang = (self.infos[master]["ip"], self._call(master, "free_port"), run)
+        calls = []
+        for node, local in plan:
+            part = Gang(first, world, *gang) if gang else None
+            calls.append(self.actors[node].start.remote(
+                job_id, self.launches[job_id], local, ckpt if node != holder else None, part))
+            first += len(local)
+        with self._lock:
+            self.jobs[job_id] = tuple(n for n, _ in plan)
+            self.plans[job_id] = plan
+            self.left[job_id] = set(self.jobs[job_id])
+            self.holder[job_id] = plan[0][0]  # rank 0's node has it now, and writes the next
+            seen = self.visited.setdefault(job_id, [])
+            seen.extend(n for n, _ in plan if n not in seen)
+        self._wait(calls)
+
+    def _move(self, job_id: str, plan: list[tuple[int, tuple[int, ...]]]) -> None:
+        """Checkpoint the job at its next boundary, stop every part, and start it on
+        ``plan``: rank 0's node gives the checkpoint to the others straight (the head
+        passes only a reference)."""
+        nodes = self.jobs.pop(job_id)
+        ckpt = self.actors[nodes[0]].hand_over.remote(job_id)
+        self._wait([self.actors[n].park.remote(job_id) for n in nodes[1:]] + [ckpt],
+                   fetch=False)
+        self.holder[job_id] = nodes[0]
+        self._launch(job_id, plan, ckpt)
+
+    def _each(self, job_id: str, method: str) -> None:
+        nodes = self.jobs.get(job_id, ())
+        self._wait([getattr(self.actors[n], method).remote(job_id) for n in nodes])
+
+    def _stop(self, job_id: str, how: str) -> None:
+        with self._lock:
+            nodes = self.jobs.pop(job_id, ())
+            self.ended.add(job_id)
+        self._wait([getattr(self.actors[n], how).remote(job_id) for n in nodes])
+        if nodes and how == "park":
+            self.holder[job_id] = nodes[0]
+
     def _call(self, node: int, method: str, *args: Any) -> Any:
         try:
             return ray.get(getattr(self.actors[node], method).remote(*args))
         except ray.exceptions.RayActorError:
             return None  # the node is gone: its pump reports it
 
-    def _ran(self, job_id: str, node: int) -> None:
-        with self._lock:
-            self.jobs[job_id] = node
-            seen = self.visited.setdefault(job_id, [])
-            if not seen or seen[-1] != node:
-                seen.append(node)
-
-    def _stop(self, job_id: str, how: str) -> None:
-        node = self.jobs.pop(job_id, None)
-        self.ended.add(job_id)
-        if node is not None:
-            self._call(node, how, job_id)
-
-    def _failed(self, job_id: str, reason: str) -> None:
-        self.jobs.pop(job_id, None)
-        self.ended.add(job_id)
-        self.events.put(AgentEvent("failed", job_id, {"reason": reason}))
+    def _wait(self, refs: list, fetch: bool = True) -> None:
+        """Wait for calls made at once on several nodes (a lost node's pump reports it)."""
+        if not fetch:
+            ray.wait(refs, num_returns=len(refs), fetch_local=False)
+            return
+        for ref in refs:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                pass
 
     def _replica(self, job_id: str) -> tuple[int, bytes] | None:
         return checkpoint.newest_file(self.replicas / job_id)
+
+    def _part_ended(self, node: int, kind: str, job_id: str, data: dict) -> None:
+        """A part finished, failed or crashed. The job is done when all its parts are; a
+        failure ends the whole gang; a crash restarts it (see ``_crashed``)."""
+        with self._lock:
+            if node not in self.jobs.get(job_id, ()) or (
+                    len(self.jobs[job_id]) > 1 and data.get("run") != self.runs[job_id]):
+                return  # a part of an earlier run, already stopped
+            self.left[job_id].discard(node)
+            if kind == "done" and self.left[job_id]:
+                return
+            others = list(self.left[job_id])
+            if kind != "crashed":
+                del self.jobs[job_id]
+                self.ended.add(job_id)
+        if kind == "crashed":
+            self._crashed(job_id, data["run"], data["reason"])
+            return
+        self._wait([self.actors[n].kill.remote(job_id) for n in others])
+        self.events.put(AgentEvent(kind, job_id, data))
+
+    def _crashed(self, job_id: str, run: int, reason: str) -> None:
+        """A rank of a gang over several nodes died unasked: stop every part and start the
+        gang again from its newest checkpoint, up to ``max_restarts`` times."""
+        with self._act:
+            if job_id not in self.jobs or self.runs[job_id] != run:
+                return  # the loop stopped or moved it meanwhile
+            plan = self.plans[job_id]
+            self._stop(job_id, "kill")
+            if not all(self.alive[n] for n, _ in plan):
+                return  # a lost node: its pump requeues the job
+            tries = self.restarts.get(job_id, 0)
+            if tries >= self.max_restarts:
+                self.events.put(AgentEvent("failed", job_id, {
+                    "reason": f"{reason} (after {tries} restarts)"}))
+                return
+            self.restarts[job_id] = tries + 1
+            self.events.put(AgentEvent("restarted", job_id,
+                                       {"reason": reason, "attempt": tries + 2}))
+            self.ended.discard(job_id)
+            self._launch(job_id, plan)
+
+    def _lost(self, node: int) -> None:
+        """Node ``node`` is gone: its jobs go back to placement, and the parts of its gangs
+        on other nodes stop (they cannot go on without it)."""
+        self.alive[node] = False
+        with self._act:
+            with self._lock:
+                lost = [j for j, nodes in self.jobs.items() if node in nodes]
+            for j in lost:
+                self._stop(j, "kill")
+                self.ended.discard(j)
+        self.events.put(AgentEvent("node-lost", "", {"node": node, "jobs": lost}))
 
     def _pump(self, node: int) -> None:
         """Carry node ``node``'s events to the loop; keep its checkpoints; notice its end."""
@@ -280,22 +405,17 @@ class RayNodes:
             try:
                 batch = ray.get(actor.next_events.remote(POLL_S))
             except ray.exceptions.RayError:
-                if self._closed:
-                    return
-                self.alive[node] = False
-                with self._lock:
-                    lost = [j for j, n in self.jobs.items() if n == node]
-                    for j in lost:
-                        del self.jobs[j]
-                self.events.put(AgentEvent("node-lost", "", {"node": node, "jobs": lost}))
+                if not self._closed:
+                    self._lost(node)
                 return
             for kind, job_id, data in batch:
                 if kind == "checkpoint":
                     checkpoint.install(self.replicas / job_id, data["step"], data["data"])
-                    continue
-                if kind in ("done", "failed"):
-                    with self._lock:
-                        if self.jobs.get(job_id) == node:
-                            del self.jobs[job_id]
-                    self.ended.add(job_id)
-                self.events.put(AgentEvent(kind, job_id, data))
+                elif kind in ("done", "failed", "crashed"):
+                    self._part_ended(node, kind, job_id, data)
+                else:
+                    self.events.put(AgentEvent(kind, job_id, data))
+
+
+def _shape(plan: list[tuple[int, tuple[int, ...]]]) -> list[tuple[int, int]]:
+    return [(node, len(local)) for node, local in plan]
