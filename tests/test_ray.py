@@ -170,3 +170,34 @@ def test_a_lost_node_s_jobs_finish_elsewhere_from_their_checkpoints(nodes, clust
     assert "restored from checkpoint at step" in (
         node_checkpoints(nodes, now, "victim").parent / "rank0.log").read_text()
     assert_identical(checkpoint.latest(node_checkpoints(nodes, now, "victim"))[1], ref)
+
+
+def test_a_node_that_joins_takes_queued_work(nodes, cluster):
+    """Runs last: it adds a node to the module's cluster."""
+    backend = LocalBackend(make_policy("fifo"), nodes.workdir, nodes=nodes, feedback_steps=20)
+    before = len(nodes.infos)
+    # a gang on every device there is, and a job queued behind it for want of devices
+    backend.submit(JobSpec("big", 0.0, len(nodes.devices), "unknown"),
+                   Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), "--steps", "100000"]))
+    backend.submit(JobSpec("late", 0.0, 2, "unknown"),
+                   Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), "--steps", "300"]))
+    out = {}
+    loop = threading.Thread(target=lambda: out.update(result=backend.run(timeout=400)))
+    loop.start()
+    try:
+        wait(lambda: backend.records["big"].status == "running", what="the big gang to start")
+        wait(lambda: backend.explain("late")["reason"].startswith("waiting for 2 free device"),
+             timeout=10, what="late to wait for devices")
+        cluster.add_node(num_cpus=2, num_gpus=2)
+        wait(lambda: backend.records["late"].status == "done", timeout=180,
+             what="late to finish on the new node")
+        assert len(nodes.infos) == len(backend.cluster.nodes) == before + 1
+        assert {nodes.where[d][0] for d in backend.records["late"].devices} == {before}
+        assert backend.records["big"].status == "running"  # undisturbed
+        assert backend.view()["nodes"][-1]["up"]
+        backend.cancel("big")
+        loop.join(timeout=120)
+        assert out["result"].jobs[0].status == "cancelled"
+    finally:
+        backend.stop()
+        loop.join(timeout=120)

@@ -358,6 +358,11 @@ class LocalBackend:
         if ev.kind == "node-lost":
             self._node_lost(ev.data["node"], ev.data["jobs"])
             return
+        if ev.kind == "node-joined":
+            if ev.data["node"] == len(self.cluster.nodes):  # not in the state when it began
+                self._handle(E.Join(self.now(), ev.data["gpus"], ev.data["kind"],
+                                    ev.data["memory_gb"]))
+            return
         rec = self.records.get(ev.job_id)
         if rec is None:
             return
@@ -442,12 +447,14 @@ class LocalBackend:
         home = seen.get("home", {})
         nodes = []
         for node in self.cluster.nodes:
-            devices = [{"id": g, "name": self.devices[g],
-                        "jobs": list(seen["on"][g]) if seen else []} for g in node.gpus]
+            devices = [{"id": g, "name": self.devices[g],  # (a joined node's GPUs may be
+                        "jobs": list(seen["on"][g]) if g < len(seen.get("on", ())) else []}
+                       for g in node.gpus]  # newer than the snapshot)
             # suspended for their turn, or admitted to the server and waiting for a first one
             sliced = sorted(j for j, servers in home.items() if node.id in servers
                             and seen["jobs"].get(j, ("",))[0] in ("suspended", "queued"))
-            nodes.append({"id": node.id, "devices": devices, "time_sliced": sliced})
+            nodes.append({"id": node.id, "up": node.up, "devices": devices,
+                          "time_sliced": sliced})
         return {"policy": self.policy.name, "total": len(self.devices),
                 "free": seen.get("free", len(self.devices)), "queue": seen.get("queue", []),
                 "nodes": nodes}

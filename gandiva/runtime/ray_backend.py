@@ -20,6 +20,9 @@ node agents, with one cluster-wide numbering of devices.
   act at the same mini-batch boundary), and every part restores the same checkpoint, the
   newest one, which rank 0's node writes and the others receive through the object store.
   When a rank crashes, the whole gang restarts from that checkpoint, as torchrun does.
+- Nodes that join Ray later get an agent within ``JOIN_POLL_S`` and are reported
+  (``node-joined``), so the scheduler adds them to its cluster state; a node that dies and
+  comes back has a new Ray id and joins as a new node.
 
 Decision: a job's working directory must exist on every node (a shared file system, as
 Slurm assumes); checkpoints and logs live on the node that runs the job.
@@ -29,7 +32,9 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +53,8 @@ from gandiva.runtime.local import detect_devices  # noqa: E402
 from gandiva.state import GPU, Cluster, Node  # noqa: E402
 
 POLL_S = 1.0  # a node agent's long poll for events
+JOIN_POLL_S = 2.0  # how often the head looks for nodes that joined Ray
+AGENT_START_S = 120.0  # a node agent that is not up by then is given up (and reported)
 
 
 @ray.remote(num_cpus=0, max_concurrency=16)  # a long poll and actions at the same time
@@ -147,25 +154,18 @@ class RayNodes:
         self.workdir = Path(workdir).resolve()
         self.replicas = self.workdir / "replicas"
         self.max_restarts = max_restarts
-        nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU", 0) >= 1]
-        if not nodes:
-            raise RuntimeError("no Ray node offers GPUs; start workers with --num-gpus N "
-                               "(CPU slots stand in for GPUs where there is no CUDA)")
-        self.actors = []
-        for n in nodes:
-            gpus = int(n["Resources"]["GPU"])
-            self.actors.append(NodeAgent.options(
-                num_gpus=gpus, name=f"gandiva-agent-{n['NodeID'][:12]}",
-                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
-            ).remote(str(self.workdir / f"node-{n['NodeID'][:12]}"), gpus, threads,
-                     checkpoint_every_s, max_restarts))
-        self.infos = ray.get([a.info.remote() for a in self.actors])
+        self._agent_args = (threads, checkpoint_every_s, max_restarts)
+        self.actors: list = []
+        self.infos: list[dict[str, Any]] = []
         self.devices: list[str] = []
         self.where: list[tuple[int, int]] = []  # device -> (node, its index there)
-        for i, info in enumerate(self.infos):
-            for local, name in enumerate(info["devices"]):
-                self.devices.append(f"n{i}/{name}")
-                self.where.append((i, local))
+        self.alive: list[bool] = []
+        self.seen: set[str] = set()  # Ray node ids that have (or had) an agent
+        for n in _gpu_nodes():
+            self._add(n)
+        if not self.actors:
+            raise RuntimeError("no Ray node offers GPUs; start workers with --num-gpus N "
+                               "(CPU slots stand in for GPUs where there is no CUDA)")
         self.events: queue.Queue[AgentEvent] = queue.Queue()
         self.jobs: dict[str, tuple[int, ...]] = {}  # job -> nodes running it, rank 0's first
         self.plans: dict[str, list[tuple[int, tuple[int, ...]]]] = {}  # its parts
@@ -176,16 +176,15 @@ class RayNodes:
         self.ended: set[str] = set()
         self.launches: dict[str, Launch] = {}
         self.visited: dict[str, list[int]] = {}  # job -> nodes it ran on, first seen first
-        self.alive = [True] * len(self.actors)
         self._lock = threading.Lock()  # the maps above, between the loop and the pumps
         # one action on the jobs at a time: the loop's, or a pump's restart of a gang
         self._act = threading.RLock()
         self._closed = False
-        self._pumps = [threading.Thread(target=self._pump, args=(i,), daemon=True,
-                                        name=f"gandiva-ray-node{i}")
-                       for i in range(len(self.actors))]
-        for t in self._pumps:
-            t.start()
+        self._threads = [threading.Thread(target=self._watch, daemon=True,
+                                          name="gandiva-ray-joins")]
+        for i in range(len(self.actors)):
+            self._pump_node(i)
+        self._threads[0].start()
 
     def cluster(self) -> Cluster:
         gpus, nodes = [], []
@@ -257,10 +256,58 @@ class RayNodes:
                 ray.kill(actor)
             except Exception:  # noqa: BLE001 - Ray raises plain Exception for a lost actor
                 self.alive[i] = False
-        for t in self._pumps:
+        for t in self._threads:
             t.join(timeout=5)
 
     # ---- inside -------------------------------------------------------------------------
+    def _add(self, n: dict[str, Any]) -> int:
+        """Start an agent on Ray node ``n``, claiming all its GPUs; its devices are numbered
+        after every device before (a node's id here, like its devices', is never reused)."""
+        gpus = int(n["Resources"]["GPU"])
+        self.seen.add(n["NodeID"])
+        actor = NodeAgent.options(
+            num_gpus=gpus, name=f"gandiva-agent-{n['NodeID'][:12]}",
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+        ).remote(str(self.workdir / f"node-{n['NodeID'][:12]}"), gpus, *self._agent_args)
+        try:
+            info = ray.get(actor.info.remote(), timeout=AGENT_START_S)
+        except ray.exceptions.RayError:
+            ray.kill(actor)
+            raise
+        node = len(self.actors)
+        for local, name in enumerate(info["devices"]):
+            self.devices.append(f"n{node}/{name}")
+            self.where.append((node, local))
+        self.infos.append(info)
+        self.alive.append(True)
+        self.actors.append(actor)  # last: the node is complete when it has an agent
+        return node
+
+    def _watch(self) -> None:
+        """Give nodes that join Ray an agent, and report them (``node-joined``)."""
+        while not self._closed:
+            time.sleep(JOIN_POLL_S)
+            for n in _gpu_nodes():
+                if n["NodeID"] in self.seen or self._closed:
+                    continue
+                try:
+                    node = self._add(n)
+                except ray.exceptions.RayError as err:
+                    print(f"gandiva: no agent on joining Ray node {n['NodeID']}: {err}",
+                          file=sys.stderr, flush=True)
+                    continue
+                self._pump_node(node)
+                info = self.infos[node]
+                self.events.put(AgentEvent("node-joined", "", {
+                    "node": node, "gpus": len(info["devices"]), "kind": info["kind"],
+                    "memory_gb": info["memory_gb"]}))
+
+    def _pump_node(self, node: int) -> None:
+        t = threading.Thread(target=self._pump, args=(node,), daemon=True,
+                             name=f"gandiva-ray-node{node}")
+        self._threads.append(t)
+        t.start()
+
     def _plan(self, devices: tuple[int, ...]) -> list[tuple[int, tuple[int, ...]]]:
         """The job's parts: (node, its devices there), nodes in the order they come."""
         parts: dict[int, list[int]] = {}
@@ -415,6 +462,10 @@ class RayNodes:
                     self._part_ended(node, kind, job_id, data)
                 else:
                     self.events.put(AgentEvent(kind, job_id, data))
+
+
+def _gpu_nodes() -> list[dict[str, Any]]:
+    return [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU", 0) >= 1]
 
 
 def _shape(plan: list[tuple[int, tuple[int, ...]]]) -> list[tuple[int, int]]:
