@@ -55,18 +55,20 @@ def save(directory: Path, step: int, state: dict[str, Any]) -> Path:
     return _write(directory, step, MAGIC + digest + b"\n", payload)
 
 
-def _write(directory: Path, step: int, *parts: bytes | memoryview) -> Path:
-    """Write the file of ``step`` under a temporary name, fsync, rename, fsync the
-    directory; then prune all but the newest ``KEEP``."""
+def _write(directory: Path, step: int, *parts: Any, durable: bool = True) -> Path:
+    """Write the file of ``step`` under a temporary name, fsync (if ``durable``), rename,
+    fsync the directory; then prune all but the newest ``KEEP``."""
     final = _path(directory, step)
     tmp = directory / f".{final.name}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
         for part in parts:
             f.write(part)
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, final)
-    _fsync_dir(directory)
+    if durable:
+        _fsync_dir(directory)
     for old in steps(directory)[KEEP:]:
         _path(directory, old).unlink(missing_ok=True)
     return final
@@ -115,10 +117,29 @@ def newest_file(directory: Path) -> tuple[int, bytes] | None:
     return None
 
 
-def install(directory: Path, step: int, data: bytes) -> Path:
+def mapped(directory: Path) -> tuple[int, Any] | None:
+    """The newest checkpoint's step and file, mapped into memory and not checked: to hand
+    it on to a job that is about to restore it, which checks it then (see ``install``)."""
+    import numpy as np
+
+    for step in steps(directory):
+        try:
+            return step, np.memmap(_path(directory, step), dtype=np.uint8, mode="r")
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def install(directory: Path, step: int, data: Any, transit: bool = False) -> Path:
     """Put a checkpoint file that came from elsewhere in place, as atomically as ``save``;
-    ``ValueError`` if it arrived torn."""
-    if not _whole(data):
+    ``ValueError`` if it arrived torn.
+
+    ``transit``: a copy made for a job to restore at once, while its source keeps the file
+    (a migration). Decision: it is neither checked nor made durable here: the job checks
+    it as it reads it (a torn copy is set aside, as any), and if this machine crashes, the
+    job restores from the source's file instead. A 1 GB checkpoint saves about 0.6 s of
+    hashing and 0.3 s of fsync, of a move's ~5 s (benchmarks/ray_migration.py)."""
+    if not transit and not _whole(data):
         raise ValueError(f"checkpoint of step {step} arrived torn (checksum mismatch)")
     directory.mkdir(parents=True, exist_ok=True)
-    return _write(directory, step, data)
+    return _write(directory, step, data, durable=not transit)

@@ -81,16 +81,17 @@ class NodeAgent:
         """Start the job (this node's part of it) from ``ckpt``, the newest checkpoint, if
         it came from elsewhere."""
         if ckpt is not None:
-            checkpoint.install(self.agent.checkpoint_dir(job_id), *ckpt)
-            if gang is not None and gang.first > 0:
-                self.copied[job_id] = ckpt[0]  # rank 0's node copies it to the head
+            checkpoint.install(self.agent.checkpoint_dir(job_id), *ckpt, transit=True)
+            self.copied[job_id] = ckpt[0]  # it came from a node that keeps it, or the head
         self.agent.start(job_id, launch, devices, gang)
 
     def free_port(self) -> int:
         return free_port()
 
-    def newest(self, job_id: str) -> tuple[int, bytes] | None:
-        return checkpoint.newest_file(self.agent.checkpoint_dir(job_id))
+    def newest(self, job_id: str) -> tuple[int, Any] | None:
+        """The job's newest checkpoint file, to hand on; mapped, not read: Ray copies it
+        from the page cache into the object store once."""
+        return checkpoint.mapped(self.agent.checkpoint_dir(job_id))
 
     def suspend(self, job_id: str) -> None:
         self.agent.suspend(job_id)
@@ -130,7 +131,10 @@ class NodeAgent:
         except queue.Empty:
             pass
         for job_id in list(self.agent.jobs):
-            newest = checkpoint.newest_file(self.agent.checkpoint_dir(job_id))
+            directory = self.agent.checkpoint_dir(job_id)
+            if max(checkpoint.steps(directory), default=-1) <= self.copied.get(job_id, -1):
+                continue  # (a directory listing: reading the file each poll cost a core)
+            newest = checkpoint.newest_file(directory)
             if newest is not None and newest[0] > self.copied.get(job_id, -1):
                 self.copied[job_id] = newest[0]
                 out.append(("checkpoint", job_id, {"step": newest[0], "data": newest[1]}))
@@ -170,7 +174,11 @@ class RayNodes:
         self.jobs: dict[str, tuple[int, ...]] = {}  # job -> nodes running it, rank 0's first
         self.plans: dict[str, list[tuple[int, tuple[int, ...]]]] = {}  # its parts
         self.left: dict[str, set[int]] = {}  # job -> nodes whose part has not finished
-        self.holder: dict[str, int] = {}  # job -> the node with its newest checkpoint
+        # where a job's newest checkpoint is: on its holder, the rank 0 node of its last run
+        # (which writes them); else on its spare, the node it last moved from, until the
+        # holder's next checkpoint reaches the head's replicas; else in the replicas
+        self.holder: dict[str, int] = {}
+        self.spare: dict[str, int] = {}
         self.restarts: dict[str, int] = {}  # restarts of gangs over several nodes
         self.runs: dict[str, int] = {}  # starts of each job: tells a part of this run
         self.ended: set[str] = set()
@@ -322,11 +330,15 @@ class RayNodes:
     def _launch(self, job_id: str, plan: list[tuple[int, tuple[int, ...]]],
                 ckpt: Any = None) -> None:
         """Start the job's parts at once, each node with the job's newest checkpoint:
-        ``ckpt`` (a reference to it) or else the holder's, or the head's replica if the
-        holder is gone."""
+        ``ckpt`` (a reference to it), or else the holder's or the spare's (from node to
+        node), or the head's replica."""
         holder = self.holder.get(job_id)
-        if ckpt is None and holder is not None and any(n != holder for n, _ in plan):
-            ckpt = (self.actors[holder].newest.remote(job_id) if self.alive[holder]
+        has = holder if holder is not None and self.alive[holder] else None
+        if ckpt is None and holder is not None and any(n != has for n, _ in plan):
+            source, spare = has, self.spare.get(job_id)
+            if source is None and spare is not None and self.alive[spare]:
+                source = spare
+            ckpt = (self.actors[source].newest.remote(job_id) if source is not None
                     else self._replica(job_id))
         gang, first = None, 0
         world = sum(len(local) for _, local in plan)
@@ -338,13 +350,13 @@ class RayNodes:
         for node, local in plan:
             part = Gang(first, world, *gang) if gang else None
             calls.append(self.actors[node].start.remote(
-                job_id, self.launches[job_id], local, ckpt if node != holder else None, part))
+                job_id, self.launches[job_id], local, None if node == has else ckpt, part))
             first += len(local)
         with self._lock:
             self.jobs[job_id] = tuple(n for n, _ in plan)
             self.plans[job_id] = plan
             self.left[job_id] = set(self.jobs[job_id])
-            self.holder[job_id] = plan[0][0]  # rank 0's node has it now, and writes the next
+            self.holder[job_id] = plan[0][0]
             seen = self.visited.setdefault(job_id, [])
             seen.extend(n for n, _ in plan if n not in seen)
         self._wait(calls)
@@ -357,7 +369,7 @@ class RayNodes:
         ckpt = self.actors[nodes[0]].hand_over.remote(job_id)
         self._wait([self.actors[n].park.remote(job_id) for n in nodes[1:]] + [ckpt],
                    fetch=False)
-        self.holder[job_id] = nodes[0]
+        self.holder[job_id] = self.spare[job_id] = nodes[0]
         self._launch(job_id, plan, ckpt)
 
     def _each(self, job_id: str, method: str) -> None:
@@ -369,8 +381,6 @@ class RayNodes:
             nodes = self.jobs.pop(job_id, ())
             self.ended.add(job_id)
         self._wait([getattr(self.actors[n], how).remote(job_id) for n in nodes])
-        if nodes and how == "park":
-            self.holder[job_id] = nodes[0]
 
     def _call(self, node: int, method: str, *args: Any) -> Any:
         try:
@@ -458,6 +468,8 @@ class RayNodes:
             for kind, job_id, data in batch:
                 if kind == "checkpoint":
                     checkpoint.install(self.replicas / job_id, data["step"], data["data"])
+                    if self.holder.get(job_id) == node:
+                        self.spare.pop(job_id, None)  # the replica is newer now
                 elif kind in ("done", "failed", "crashed"):
                     self._part_ended(node, kind, job_id, data)
                 else:
