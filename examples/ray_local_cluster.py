@@ -3,6 +3,7 @@ a head and N worker nodes with G GPUs each (CPU slots stand in for GPUs without 
 
     python examples/ray_local_cluster.py --nodes 3 --gpus 2   # prints the address; Ctrl-C ends
     gandiva server --backend ray --ray-address <address>
+    kill -USR1 <its pid>      # one more node joins (the server takes it up within seconds)
 """
 
 import argparse
@@ -26,11 +27,17 @@ def main() -> None:
         cluster.add_node(num_cpus=args.gpus, num_gpus=args.gpus)
     cluster.wait_for_nodes()
     print(cluster.address, flush=True)
-    stop = []
+    stop, grow = [], []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    signal.signal(signal.SIGUSR1, lambda *_: grow.append(1))
     try:
         while not stop:
             time.sleep(0.5)
+            while grow:
+                grow.pop()
+                cluster.add_node(num_cpus=args.gpus, num_gpus=args.gpus)
+                print(f"a node joined: {len(cluster.list_all_nodes()) - 1} worker nodes",
+                      flush=True)
     except KeyboardInterrupt:
         pass
     cluster.shutdown()

@@ -1,0 +1,107 @@
+"""The README's "Many machines (Ray)" run, as a user does it: a three-node Ray cluster on this
+machine (``examples/ray_local_cluster.py``), ``gandiva server --backend ray``, the CLI
+submitting the example workload (three CNN jobs and a 4-rank gang, shortened), and a fourth
+node joining while they run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("torch")
+import httpx2  # noqa: E402
+from serving import GANDIVA, add_user, free_port  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+RAY_ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_readme_workload_on_a_ray_cluster(tmp_path):
+    ray_cluster = subprocess.Popen([sys.executable, str(EXAMPLES / "ray_local_cluster.py"),
+                                    "--nodes", "3", "--gpus", "2"], env=RAY_ENV,
+                                   stdout=subprocess.PIPE, text=True)
+    server = None
+    try:
+        address = ray_cluster.stdout.readline().strip()
+        assert address, "the Ray cluster did not start"
+        home, port = tmp_path / "gandiva-home", free_port()
+        token = add_user(home, "ada", admin=True)
+        log = (tmp_path / "server.log").open("w")
+        server = subprocess.Popen([*GANDIVA, "server", "--home", str(home), "--port", str(port),
+                                   "--backend", "ray", "--ray-address", address,
+                                   "--policy", "gandiva:quantum=5", "--checkpoint-every", "5"],
+                                  env=RAY_ENV, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        api = httpx2.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
+                            timeout=10)
+        deadline = time.monotonic() + 180
+        while True:
+            assert server.poll() is None, (tmp_path / "server.log").read_text()
+            try:
+                if api.get("/v1/whoami").status_code == 200:
+                    break
+            except httpx2.TransportError:
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "server.log").read_text()
+            time.sleep(0.5)
+        for script in ("cnn.py", "elastic_mlp.py"):
+            shutil.copy(EXAMPLES / script, home / "users" / "ada" / script)
+        env = {**os.environ, "GANDIVA_CONFIG": str(tmp_path / "client.yaml")}
+        cli = lambda *a: subprocess.run([*GANDIVA, *a], env=env, capture_output=True,  # noqa: E731
+                                        text=True, check=True, timeout=60).stdout
+        cli("login", "--url", url, "--token", token)
+        short = {"cnn.yaml": ("--steps 40000", "--steps 600"),
+                 "gang.yaml": ("--steps 20000", "--steps 2500")}
+        ids = {}
+        for name, copies in (("cnn.yaml", 3), ("gang.yaml", 1)):
+            spec = tmp_path / name
+            spec.write_text((EXAMPLES / name).read_text().replace(*short[name]))
+            for i in range(copies):
+                ids[f"{name}-{i}"] = cli("submit", str(spec)).strip()
+        ray_cluster.send_signal(signal.SIGUSR1)  # a fourth node joins
+        nodes_seen = 0
+        deadline = time.monotonic() + 600
+        while True:
+            jobs = {j["id"]: j for j in api.get("/v1/jobs").json()}
+            nodes_seen = max(nodes_seen, len(api.get("/v1/cluster").json()["nodes"]))
+            states = {jobs[i]["state"] for i in ids.values()}
+            if states <= {"done", "failed", "cancelled"}:
+                break
+            assert time.monotonic() < deadline, jobs
+            time.sleep(1)
+        assert states == {"done"}, {k: (jobs[i]["state"], jobs[i].get("reason"))
+                                    for k, i in ids.items()}
+        assert nodes_seen == 4, "the node that joined never showed up"
+        node_of = {d["id"]: n["id"] for n in api.get("/v1/cluster").json()["nodes"]
+                   for d in n["devices"]}
+        runs = [e["data"]["devices"] for e in
+                api.get(f"/v1/jobs/{ids['gang.yaml-0']}/events").json()
+                if e["kind"] == "running"]
+        assert runs and all(len({node_of[d] for d in r}) == 2 for r in runs), runs
+        table = cli("cluster")
+        assert "node3" in table
+        out = cli("logs", ids["gang.yaml-0"], "--rank", "3")
+        assert "done: 2500 steps on 4 rank(s)" in out
+    finally:
+        if server is not None:
+            stop(server)
+        stop(ray_cluster)
