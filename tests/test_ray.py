@@ -101,9 +101,9 @@ def test_a_job_migrated_to_another_node_ends_bit_identical(nodes, tmp_path):
 def test_a_gang_over_two_nodes_trains_and_is_time_sliced(nodes, tmp_path):
     """Two 4-rank gangs on three 2-device nodes: each spans two nodes (torchrun rendezvous
     across them), and they take turns; both end bit-identical to an uninterrupted run."""
-    args = ("--steps", "1200", "--seed", "3")  # about 20 s each: several turns of 4 s
+    args = ("--steps", "800", "--seed", "3")  # about 12 s each: several turns of 3 s
     ref = reference(tmp_path, "elastic_mlp.py", *args)
-    backend = LocalBackend(make_policy("gandiva:quantum=4:-elastic:-pack"), nodes.workdir,
+    backend = LocalBackend(make_policy("gandiva:quantum=3:-elastic:-pack"), nodes.workdir,
                            nodes=nodes, feedback_steps=20)
     for name in ("a", "b"):
         backend.submit(JobSpec(name, 0.0, 4, "unknown"),
@@ -122,11 +122,11 @@ def test_a_gang_over_two_nodes_trains_and_is_time_sliced(nodes, tmp_path):
         assert_identical(checkpoint.latest(node_checkpoints(nodes, last, name))[1], ref)
         other = nodes.plans[name][1][0]  # ranks 2 and 3 ran on the other node
         log = (node_checkpoints(nodes, other, name).parent / "rank3.log").read_text()
-        assert "done: 1200 steps on 4 rank(s)" in log
+        assert "done: 800 steps on 4 rank(s)" in log
 
 
 def test_a_crashed_rank_restarts_its_whole_gang_from_the_checkpoint(nodes, tmp_path):
-    args = ("--steps", "3000", "--seed", "4")
+    args = ("--steps", "1500", "--seed", "4")
     ref = reference(tmp_path, "elastic_mlp.py", *args)
     nodes.start("g", Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), *args]), (0, 1, 2, 3))
     assert nodes.jobs["g"] == (0, 1)

@@ -23,7 +23,8 @@ from serving import GANDIVA, add_user, free_port  # noqa: E402
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 RAY_ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
-pytestmark = pytest.mark.timeout(900)
+# about a minute: outside the default run (-m "not slow"); run it with -m slow
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -69,8 +70,8 @@ def test_the_readme_workload_on_a_ray_cluster(tmp_path):
         cli = lambda *a: subprocess.run([*GANDIVA, *a], env=env, capture_output=True,  # noqa: E731
                                         text=True, check=True, timeout=60).stdout
         cli("login", "--url", url, "--token", token)
-        short = {"cnn.yaml": ("--steps 40000", "--steps 600"),
-                 "gang.yaml": ("--steps 20000", "--steps 2500")}
+        short = {"cnn.yaml": ("--steps 40000", "--steps 300"),
+                 "gang.yaml": ("--steps 20000", "--steps 1200")}
         ids = {}
         for name, copies in (("cnn.yaml", 3), ("gang.yaml", 1)):
             spec = tmp_path / name
@@ -100,7 +101,7 @@ def test_the_readme_workload_on_a_ray_cluster(tmp_path):
         table = cli("cluster")
         assert "node3" in table
         out = cli("logs", ids["gang.yaml-0"], "--rank", "3")
-        assert "done: 2500 steps on 4 rank(s)" in out
+        assert "done: 1200 steps on 4 rank(s)" in out
     finally:
         if server is not None:
             stop(server)

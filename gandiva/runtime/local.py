@@ -455,7 +455,8 @@ class LocalBackend:
                             and seen["jobs"].get(j, ("",))[0] in ("suspended", "queued"))
             nodes.append({"id": node.id, "up": node.up, "devices": devices,
                           "time_sliced": sliced})
-        return {"policy": self.policy.name, "total": len(self.devices),
+        up = sum(node.size for node in self.cluster.nodes if node.up)
+        return {"policy": self.policy.name, "total": up,
                 "free": seen.get("free", len(self.devices)), "queue": seen.get("queue", []),
                 "nodes": nodes}
 

@@ -308,7 +308,7 @@ class Service:
 
         view = self.backend.view()
         for node in view["nodes"]:
-            node["name"] = f"node{node['id']}"
+            node["name"] = f"node{node['id']}" + ("" if node.get("up", True) else " (down)")
             node["time_sliced"] = [job(j) for j in node["time_sliced"]]
             for d in node["devices"]:
                 d["kind"] = self.backend.cluster.gpus[d["id"]].type
