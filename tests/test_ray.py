@@ -144,6 +144,22 @@ def test_a_crashed_rank_restarts_its_whole_gang_from_the_checkpoint(nodes, tmp_p
     assert_identical(checkpoint.latest(node_checkpoints(nodes, 0, "g"))[1], ref)
 
 
+def test_a_move_whose_destination_cannot_take_it_fails_with_the_reason(nodes):
+    nodes.start("x", cnn("--steps", "100000"), (0,))
+    wait(lambda: checkpoint.steps(node_checkpoints(nodes, 0, "x")), what="a checkpoint")
+    blocked = node_checkpoints(nodes, 1, "x")
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("a file where the checkpoint directory goes")
+    nodes.restart("x", (2,))  # device 2 is node 1's: the install fails there, every time
+    seen = []
+    while not seen or seen[-1].kind not in ("done", "failed"):
+        seen.append(nodes.events.get(timeout=120))
+    ends = [e for e in seen if e.kind not in ("profile", "started")]
+    assert [e.kind for e in ends] == ["restarted"] * 3 + ["failed"], ends
+    assert "could not start" in ends[-1].data["reason"]
+    assert "x" not in nodes.jobs
+
+
 def test_a_lost_node_s_jobs_finish_elsewhere_from_their_checkpoints(nodes, cluster, tmp_path):
     args = ("--steps", "2500", "--seed", "7")
     ref = reference(tmp_path, "cnn.py", *args)

@@ -356,10 +356,13 @@ class RayNodes:
             self.jobs[job_id] = tuple(n for n, _ in plan)
             self.plans[job_id] = plan
             self.left[job_id] = set(self.jobs[job_id])
-            self.holder[job_id] = plan[0][0]
             seen = self.visited.setdefault(job_id, [])
             seen.extend(n for n, _ in plan if n not in seen)
-        self._wait(calls)
+        error = self._wait(calls)
+        if error is not None:  # e.g. the node it moved from died before handing it over
+            self._crashed(job_id, run, f"it could not start: {error}")
+            return
+        self.holder[job_id] = plan[0][0]
 
     def _move(self, job_id: str, plan: list[tuple[int, tuple[int, ...]]]) -> None:
         """Checkpoint the job at its next boundary, stop every part, and start it on
@@ -388,16 +391,22 @@ class RayNodes:
         except ray.exceptions.RayActorError:
             return None  # the node is gone: its pump reports it
 
-    def _wait(self, refs: list, fetch: bool = True) -> None:
-        """Wait for calls made at once on several nodes (a lost node's pump reports it)."""
+    def _wait(self, refs: list, fetch: bool = True) -> Exception | None:
+        """Wait for calls made at once on several nodes; the first error, but for lost
+        nodes (their pumps report those)."""
         if not fetch:
             ray.wait(refs, num_returns=len(refs), fetch_local=False)
-            return
+            return None
+        error = None
         for ref in refs:
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError:
                 pass
+            except ray.exceptions.RayError as err:
+                print(f"gandiva: a node agent failed: {err}", file=sys.stderr, flush=True)
+                error = error or err
+        return error
 
     def _replica(self, job_id: str) -> tuple[int, bytes] | None:
         return checkpoint.newest_file(self.replicas / job_id)
@@ -423,15 +432,16 @@ class RayNodes:
         self.events.put(AgentEvent(kind, job_id, data))
 
     def _crashed(self, job_id: str, run: int, reason: str) -> None:
-        """A rank of a gang over several nodes died unasked: stop every part and start the
-        gang again from its newest checkpoint, up to ``max_restarts`` times."""
+        """A rank of a gang over several nodes died unasked, or a part could not start:
+        stop every part and start the job again from its newest checkpoint, up to
+        ``max_restarts`` times."""
         with self._act:
             if job_id not in self.jobs or self.runs[job_id] != run:
                 return  # the loop stopped or moved it meanwhile
             plan = self.plans[job_id]
-            self._stop(job_id, "kill")
             if not all(self.alive[n] for n, _ in plan):
-                return  # a lost node: its pump requeues the job
+                return  # a lost node: its pump stops the job and requeues it
+            self._stop(job_id, "kill")
             tries = self.restarts.get(job_id, 0)
             if tries >= self.max_restarts:
                 self.events.put(AgentEvent("failed", job_id, {
