@@ -11,9 +11,11 @@ node agents, with one cluster-wide numbering of devices.
   source; the checkpoint file goes through Ray's object store straight to the destination
   (the head passes a reference on, never the bytes), which installs it and starts the job in
   one of its warm processes (the paper's "warm up the destination first").
-- Node failure: every new checkpoint a node writes is also copied to the head
+- Node failure: every checkpoint a job writes is also copied to the head
   (``<workdir>/replicas``), so when a node dies (its agent or its raylet), its jobs go back to
-  placement and restart elsewhere from their last checkpoint; nothing else is disturbed.
+  placement and restart elsewhere from their last checkpoint; nothing else is disturbed. (A
+  moved job's copy in transit is not copied again: the node it left keeps the file, as its
+  spare, until the job's next checkpoint reaches the head.)
 - A gang spread over several nodes runs as one part per node (``Gang``: global ranks, and
   torchrun's rendezvous at rank 0's node). It is suspended, resumed, checkpointed and moved
   as one: the head sends each action to every part at once (the job library makes the ranks
