@@ -69,8 +69,8 @@ def test_agents_claim_every_gpu_and_placement_follows_the_policy(nodes):
     backend = LocalBackend(make_policy("fifo"), nodes.workdir, nodes=nodes, feedback_steps=20)
     for i in range(3):  # fifo keeps each gang on one server: one per node
         backend.submit(JobSpec(f"g{i}", 0.0, 2, "unknown"),
-                       Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), "--steps", "200"]))
-    backend.submit(JobSpec("late", 1.0, 1, "unknown"), cnn("--steps", "200"))
+                       Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), "--steps", "100"]))
+    backend.submit(JobSpec("late", 1.0, 1, "unknown"), cnn("--steps", "100"))
     result = backend.run(timeout=300)
     assert all(r.status == "done" for r in result.jobs), [(r.spec.id, r.reason)
                                                           for r in result.jobs]
@@ -79,7 +79,7 @@ def test_agents_claim_every_gpu_and_placement_follows_the_policy(nodes):
     assert {n for i in range(3) for n in placed[f"g{i}"]} == {0, 1, 2}
     node = placed["late"].pop()
     log = node_checkpoints(nodes, node, "late").parent / "rank0.log"  # where it ran
-    assert "done: 200 steps" in log.read_text()
+    assert "done: 100 steps" in log.read_text()
 
 
 def test_a_job_migrated_to_another_node_ends_bit_identical(nodes, tmp_path):
@@ -125,23 +125,31 @@ def test_a_gang_over_two_nodes_trains_and_is_time_sliced(nodes, tmp_path):
         assert "done: 800 steps on 4 rank(s)" in log
 
 
-def test_a_crashed_rank_restarts_its_whole_gang_from_the_checkpoint(nodes, tmp_path):
-    args = ("--steps", "1500", "--seed", "4")
+def test_a_crashed_rank_restarts_its_whole_gang_and_the_gang_moves_as_one(nodes, tmp_path):
+    args = ("--steps", "2000", "--seed", "4")
     ref = reference(tmp_path, "elastic_mlp.py", *args)
     nodes.start("g", Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), *args]), (0, 1, 2, 3))
     assert nodes.jobs["g"] == (0, 1)
     wait(lambda: checkpoint.steps(node_checkpoints(nodes, 0, "g")), what="a checkpoint")
     pids = node_checkpoints(nodes, 1, "g").parent / "pids"  # ranks 2 and 3, on node 1
     os.kill(int(pids.read_text().split()[0]), signal.SIGKILL)
-    seen = []
-    while not seen or seen[-1].kind not in ("done", "failed"):
+    seen = [nodes.events.get(timeout=180)]
+    while seen[-1].kind != "restarted":
+        seen.append(nodes.events.get(timeout=180))
+    assert "killed by signal 9" in seen[-1].data["reason"]
+    while seen[-1].kind != "profile":  # training again, from the checkpoint
+        seen.append(nodes.events.get(timeout=180))
+    log = (node_checkpoints(nodes, 0, "g").parent / "rank0.log").read_text()
+    assert log.count("--- gandiva: start on") == 2 and "restored from checkpoint" in log
+    nodes.restart("g", (2, 3, 4, 5))  # the whole gang moves: from nodes 0 and 1 to 1 and 2
+    assert nodes.jobs["g"] == (1, 2)
+    while seen[-1].kind not in ("done", "failed"):
         seen.append(nodes.events.get(timeout=180))
     ends = [e for e in seen if e.kind not in ("profile", "started")]
     assert [e.kind for e in ends] == ["restarted", "done"], ends
-    assert "killed by signal 9" in ends[0].data["reason"]
-    log = (node_checkpoints(nodes, 0, "g").parent / "rank0.log").read_text()
-    assert log.count("--- gandiva: start on") == 2 and "restored from checkpoint" in log
-    assert_identical(checkpoint.latest(node_checkpoints(nodes, 0, "g"))[1], ref)
+    moved = (node_checkpoints(nodes, 2, "g").parent / "rank2.log").read_text()
+    assert "restored from checkpoint" in moved  # a node it never ran on, from rank 0's file
+    assert_identical(checkpoint.latest(node_checkpoints(nodes, 1, "g"))[1], ref)
 
 
 def test_a_move_whose_destination_cannot_take_it_fails_with_the_reason(nodes):
