@@ -56,7 +56,7 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the tests' server and PostgreSQL helpers
-from serving import running  # noqa: E402
+from serving import running, stop  # noqa: E402
 
 GOAL_JOBS_PER_S = 500  # Slurm's documented figure for high-throughput configurations
 REQUEST_TIMEOUT_S = 120  # a request slower than this counts as an error, not a hang
@@ -173,11 +173,7 @@ def profiling(pid: int, out: Path | None) -> Iterator[None]:
     try:
         yield
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, signal.SIGINT, timeout=60)
 
 
 # ---- the check -------------------------------------------------------------------------

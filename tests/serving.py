@@ -71,9 +71,14 @@ def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str = "gand
             time.sleep(0.2)
         yield srv
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+    """Ask ``proc`` to end with ``sig``; SIGKILL if it has not within ``timeout`` s."""
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

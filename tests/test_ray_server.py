@@ -18,22 +18,13 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("torch")
 import httpx2  # noqa: E402
-from serving import GANDIVA, add_user, free_port  # noqa: E402
+from serving import GANDIVA, add_user, free_port, stop  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 RAY_ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 # about a minute: outside the default run (-m "not slow"); run it with -m slow
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def test_the_readme_workload_on_a_ray_cluster(tmp_path):
@@ -104,5 +95,5 @@ def test_the_readme_workload_on_a_ray_cluster(tmp_path):
         assert "done: 1200 steps on 4 rank(s)" in out
     finally:
         if server is not None:
-            stop(server)
-        stop(ray_cluster)
+            stop(server, timeout=60)
+        stop(ray_cluster, timeout=60)

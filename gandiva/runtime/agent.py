@@ -107,6 +107,10 @@ class _Job:
         """The global rank of its first process here."""
         return self.gang.first if self.gang else 0
 
+    @property
+    def run(self) -> int:
+        return self.gang.run if self.gang else 0
+
 
 class AgentError(RuntimeError):
     pass
@@ -514,8 +518,8 @@ class Agent:
                     self._drop(job)
                     self.ended.add(job.id)
                     del self.jobs[job.id]
-                    self.events.put(AgentEvent("done", job.id, {
-                        "step": job.step, "run": job.gang.run if job.gang else 0}))
+                    self.events.put(AgentEvent("done", job.id, {"step": job.step,
+                                                                "run": job.run}))
                     continue
                 if any(c not in (None, 0) for c in codes) or all(c is not None for c in codes):
                     self._crashed(job, codes)
@@ -534,13 +538,13 @@ class Agent:
             self.ended.add(job.id)
             self.events.put(AgentEvent("crashed", job.id, {
                 "reason": f"{why}; end of its log:\n" + self.log_tail(job.id, job.first),
-                "run": job.gang.run}))
+                "run": job.run}))
             return
         if job.restarts < self.max_restarts:
             job.restarts += 1
             self.events.put(AgentEvent("restarted", job.id, {"reason": why,
                                                              "attempt": job.restarts + 1}))
-            fresh = _Job(job.id, job.launch, job.devices, restarts=job.restarts, gang=job.gang)
+            fresh = _Job(job.id, job.launch, job.devices, restarts=job.restarts)
             self.jobs[job.id] = fresh
             self._spawn(fresh)
             return
@@ -550,8 +554,7 @@ class Agent:
     def _finish(self, job: _Job, reason: str) -> None:
         self.jobs.pop(job.id, None)
         self.ended.add(job.id)
-        self.events.put(AgentEvent("failed", job.id, {
-            "reason": reason, "run": job.gang.run if job.gang else 0}))
+        self.events.put(AgentEvent("failed", job.id, {"reason": reason, "run": job.run}))
 
     def _drop(self, job: _Job) -> None:
         for r in job.ranks:
