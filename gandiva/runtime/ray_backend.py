@@ -79,7 +79,7 @@ class NodeAgent:
         return self.about
 
     def start(self, job_id: str, launch: Launch, devices: tuple[int, ...],
-              ckpt: tuple[int, bytes] | None = None, gang: Gang | None = None) -> None:
+              ckpt: tuple[int, Any] | None = None, gang: Gang | None = None) -> None:
         """Start the job (this node's part of it) from ``ckpt``, the newest checkpoint, if
         it came from elsewhere."""
         if ckpt is not None:
@@ -110,7 +110,7 @@ class NodeAgent:
     def park(self, job_id: str) -> None:
         self.agent.park(job_id)
 
-    def hand_over(self, job_id: str) -> tuple[int, bytes] | None:
+    def hand_over(self, job_id: str) -> tuple[int, Any] | None:
         """Checkpoint at the next boundary, stop, and give the checkpoint file away."""
         self.agent.park(job_id)
         return self.newest(job_id)
@@ -215,7 +215,7 @@ class RayNodes:
 
     def suspend(self, job_id: str) -> None:
         with self._act:
-            self._each(job_id, "suspend")
+            self._on_each(self.jobs.get(job_id, ()), "suspend", job_id)
 
     def resume(self, job_id: str, devices: tuple[int, ...]) -> None:
         with self._act:
@@ -377,15 +377,15 @@ class RayNodes:
         self.holder[job_id] = self.spare[job_id] = nodes[0]
         self._launch(job_id, plan, ckpt)
 
-    def _each(self, job_id: str, method: str) -> None:
-        nodes = self.jobs.get(job_id, ())
-        self._wait([getattr(self.actors[n], method).remote(job_id) for n in nodes])
+    def _on_each(self, nodes, method: str, job_id: str) -> Exception | None:
+        """Call ``method(job_id)`` on the agents of ``nodes`` at once, and wait for them."""
+        return self._wait([getattr(self.actors[n], method).remote(job_id) for n in nodes])
 
     def _stop(self, job_id: str, how: str) -> None:
         with self._lock:
             nodes = self.jobs.pop(job_id, ())
             self.ended.add(job_id)
-        self._wait([getattr(self.actors[n], how).remote(job_id) for n in nodes])
+        self._on_each(nodes, how, job_id)
 
     def _call(self, node: int, method: str, *args: Any) -> Any:
         try:
@@ -430,7 +430,7 @@ class RayNodes:
         if kind == "crashed":
             self._crashed(job_id, data["run"], data["reason"])
             return
-        self._wait([self.actors[n].kill.remote(job_id) for n in others])
+        self._on_each(others, "kill", job_id)
         self.events.put(AgentEvent(kind, job_id, data))
 
     def _crashed(self, job_id: str, run: int, reason: str) -> None:
