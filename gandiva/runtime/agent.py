@@ -33,6 +33,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from gandiva.runtime import torchrun
 
 MAX_RESTARTS = 3  # torchrun's --max-restarts: enough for a transient fault, not a crash loop
 ACK_TIMEOUT_S = 60.0  # a suspend waits for the next mini-batch boundary at most this long
@@ -62,6 +65,8 @@ class Gang:
     master_addr: str
     master_port: int
     run: int = 0  # which start of the gang: its parts' end events carry it
+    node: int = 0  # this part's place among the gang's nodes (torchrun's GROUP_RANK)
+    nodes: int = 1  # how many nodes the gang spans (GROUP_WORLD_SIZE)
 
 
 @dataclass
@@ -101,6 +106,7 @@ class _Job:
     acks: dict[str, threading.Event] = field(default_factory=dict)
     replies: dict[str, dict] = field(default_factory=dict)
     gang: Gang | None = None  # a part of a gang over several nodes
+    store: Any = None  # the rendezvous store its ranks meet at, if this part hosts it
 
     @property
     def first(self) -> int:
@@ -137,6 +143,7 @@ class Agent:
         self.events: queue.Queue[AgentEvent] = queue.Queue()
         self.jobs: dict[str, _Job] = {}
         self.ended: set[str] = set()  # finished or failed: actions on them are no-ops
+        self._stores: dict[str, Any] = {}  # rendezvous stores made before their job starts
         self._lock = threading.RLock()
         self._sel = selectors.DefaultSelector()
         self._wakeup_r, self._wakeup_w = socket.socketpair()
@@ -155,6 +162,15 @@ class Agent:
 
     def checkpoint_dir(self, job_id: str) -> Path:
         return self.job_dir(job_id) / "checkpoints"
+
+    def rendezvous(self, job_id: str) -> int:
+        """Host a fresh rendezvous store for the next start of ``job_id`` here, and say
+        its port (the gang's MASTER_PORT): the part of the job started on this node next
+        keeps it open while it runs. See ``_store``."""
+        store = _store()
+        with self._lock:
+            self._stores[job_id] = store
+        return store.port
 
     # ---- actions ------------------------------------------------------------------------
     def start(self, job_id: str, launch: Launch, devices: tuple[int, ...],
@@ -273,12 +289,21 @@ class Agent:
         directory = self.job_dir(job.id)
         directory.mkdir(parents=True, exist_ok=True)
         _kill_leftovers(directory / "pids")
-        here = len(job.devices)
         if job.gang is None:
-            world, master = here, ("127.0.0.1", free_port())
+            job.store = _store()
+            gang = Gang(0, len(job.devices), "127.0.0.1", job.store.port)
         else:
-            world, master = job.gang.world, (job.gang.master_addr, job.gang.master_port)
-        for rank in range(here):
+            gang = job.gang
+            job.store = self._stores.pop(job.id, None)  # this node hosts the rendezvous
+        try:
+            command = torchrun.unwrap(job.launch.command, self.python)
+        except ValueError as err:
+            self._finish(job, str(err))
+            return
+        if command is not job.launch.command:
+            self._log(job, "torchrun unwrapped: gandiva starts one process per rank itself")
+        command = [self.python if c == "{python}" else c for c in command]
+        for rank in range(len(job.devices)):
             mine = job.devices[rank]
             visible = [mine] + [d for d in range(len(self.devices)) if d != mine]
             env = {**os.environ, **job.launch.env,
@@ -286,9 +311,8 @@ class Agent:
                    "GANDIVA_CHECKPOINT_DIR": str(self.checkpoint_dir(job.id)),
                    "GANDIVA_CHECKPOINT_EVERY_S": str(self.checkpoint_every_s),
                    "GANDIVA_THREADS": str(self.threads),
-                   "RANK": str(job.first + rank), "LOCAL_RANK": str(rank),
-                   "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(here),
-                   "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]),
+                   **torchrun_env(job.id, gang, rank, len(job.devices), job.restarts,
+                                  self.max_restarts),
                    "PYTHONUNBUFFERED": "1",
                    "OMP_NUM_THREADS": str(self.threads)}
             if self.gpu:
@@ -297,7 +321,6 @@ class Agent:
                 env["GANDIVA_DEVICE"] = "cuda:0"
             else:
                 env["GANDIVA_DEVICE"] = f"cpu:{job.devices[rank]}"
-            command = [self.python if c == "{python}" else c for c in job.launch.command]
             log_path = directory / f"rank{job.first + rank}.log"  # logs go by global rank
             with open(log_path, "ab") as log:
                 log.write(f"--- gandiva: start on {env['GANDIVA_DEVICE']} "
@@ -557,6 +580,7 @@ class Agent:
         self.events.put(AgentEvent("failed", job.id, {"reason": reason, "run": job.run}))
 
     def _drop(self, job: _Job) -> None:
+        job.store = None  # its server stops with the last reference
         for r in job.ranks:
             try:
                 self._sel.unregister(r.sock)
@@ -612,7 +636,30 @@ def _kill_leftovers(path: Path) -> None:
                 pass
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def torchrun_env(job_id: str, gang: Gang, local_rank: int, local_world: int,
+                 restarts: int, max_restarts: int) -> dict[str, str]:
+    """torchrun's contract with the processes it starts, for one rank: what scripts,
+    Lightning (``TorchElasticEnvironment``) and ``init_process_group("env://")`` read.
+    ``TORCHELASTIC_USE_AGENT_STORE``: the agent hosts the rendezvous store (``_store``),
+    so no rank has to bind a port that was free a moment ago."""
+    rank = str(gang.first + local_rank)
+    return {"RANK": rank, "LOCAL_RANK": str(local_rank), "ROLE_RANK": rank,
+            "WORLD_SIZE": str(gang.world), "LOCAL_WORLD_SIZE": str(local_world),
+            "ROLE_WORLD_SIZE": str(gang.world), "ROLE_NAME": "default",
+            "GROUP_RANK": str(gang.node), "NODE_RANK": str(gang.node),
+            "GROUP_WORLD_SIZE": str(gang.nodes),
+            "MASTER_ADDR": gang.master_addr, "MASTER_PORT": str(gang.master_port),
+            "TORCHELASTIC_RUN_ID": job_id, "TORCHELASTIC_RESTART_COUNT": str(restarts),
+            "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get(
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")}
+
+
+def _store() -> Any:
+    """A rendezvous store (torch's TCPStore server) on a port the kernel picked and that
+    stays bound while the job runs: torchrun's agent store. Picking a free port, closing
+    it and handing the number to rank 0 lets another process take it in between."""
+    from torch.distributed import TCPStore
+
+    return TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False)

@@ -1,30 +1,40 @@
-"""Checkpoint files: atomic to write, verified to read.
+"""Checkpoint files: atomic to write, verified to read, and plain PyTorch files.
 
-A checkpoint is one file, ``ckpt-<step>.pt``: a header line with the SHA-256 of the payload,
-then the payload (``torch.save`` of a dict). It is written to a temporary name, flushed and
-fsynced, then renamed, and the directory fsynced, so a crash leaves either the old set of
-checkpoints or the new one, never half a file under a checkpoint's name. On reading, a file
-whose digest does not match (a torn copy, a bad disk) is renamed ``*.corrupt`` (kept for
-inspection, never deleted) and the previous checkpoint is used.
+A checkpoint is ``ckpt-<step>.pt``, what ``torch.save`` wrote (so ``torch.load`` opens it
+with nothing of ours), and beside it ``ckpt-<step>.pt.sha256``, the SHA-256 of the file.
+Both are written under temporary names and fsynced, then the digest is renamed into place,
+then the checkpoint, and the directory fsynced: a checkpoint that is listed always has its
+digest, and a crash leaves the old set of checkpoints or the new one, never half a file
+under a checkpoint's name. On reading, a file whose digest does not match (a torn copy, a
+bad disk) is renamed ``*.corrupt`` (kept for inspection, never deleted) and the previous
+checkpoint is used.
+
+The payload is the script's business: the job library's ``Job.state()``, or a framework's
+own checkpoint (Lightning's ``.ckpt`` format) written through ``commit``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
-MAGIC = b"GANDIVA-CKPT-1 "
 KEEP = 2  # the newest two: if the newest turns out corrupt, the one before is still there
+DIGEST = ".sha256"
 _NAME = re.compile(r"^ckpt-(\d{12})\.pt$")
+_CHUNK = 1 << 20
 
 
-def _path(directory: Path, step: int) -> Path:
+def path(directory: Path, step: int) -> Path:
+    """Where the checkpoint of ``step`` lives (whether or not it exists)."""
     return directory / f"ckpt-{step:012d}.pt"
+
+
+def _digest_path(file: Path) -> Path:
+    return file.with_name(file.name + DIGEST)
 
 
 def steps(directory: Path) -> list[int]:
@@ -43,95 +53,158 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def sha256(data: Any) -> str:
+    """The hex digest of bytes, a buffer, or a file (read in chunks)."""
+    h = hashlib.sha256()
+    if isinstance(data, Path):
+        with open(data, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+    else:
+        h.update(data)
+    return h.hexdigest()
+
+
+def scratch(directory: Path, step: int) -> Path:
+    """A temporary name for the checkpoint of ``step``, the same on every rank (a
+    framework that checkpoints on all ranks writes on one of them), hidden from ``steps``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / f".ckpt-{step:012d}.pt.tmp"
+
+
 def save(directory: Path, step: int, state: dict[str, Any]) -> Path:
-    """Write ``state`` as the checkpoint of ``step``, atomically; prune older ones."""
+    """Write ``state`` (``torch.save``) as the checkpoint of ``step``, atomically."""
     import torch
 
-    directory.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    payload = buf.getbuffer()
-    digest = hashlib.sha256(payload).hexdigest().encode()
-    return _write(directory, step, MAGIC + digest + b"\n", payload)
+    tmp = scratch(directory, step)
+    torch.save(state, tmp)
+    return commit(directory, step, tmp)
 
 
-def _write(directory: Path, step: int, *parts: Any, durable: bool = True) -> Path:
-    """Write the file of ``step`` under a temporary name, fsync (if ``durable``), rename,
-    fsync the directory; then prune all but the newest ``KEEP``."""
-    final = _path(directory, step)
-    tmp = directory / f".{final.name}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        for part in parts:
-            f.write(part)
+def commit(directory: Path, step: int, written: Path) -> Path:
+    """Make ``written`` (a whole file someone just wrote, e.g. a framework's own save) the
+    checkpoint of ``step``: fsync it, put its digest beside it, rename it into place."""
+    fd = os.open(written, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return _place(directory, step, written, sha256(written), durable=True)
+
+
+def _place(directory: Path, step: int, tmp: Path, digest: str, durable: bool) -> Path:
+    """Digest first, then the file, then the directory; prune all but the newest ``KEEP``."""
+    final = path(directory, step)
+    dtmp = tmp.with_name(tmp.name + DIGEST)
+    with open(dtmp, "w") as f:
+        f.write(f"{digest}  {final.name}\n")  # sha256sum's format: `sha256sum -c` checks it
         if durable:
             f.flush()
             os.fsync(f.fileno())
+    os.replace(dtmp, _digest_path(final))
     os.replace(tmp, final)
     if durable:
         _fsync_dir(directory)
     for old in steps(directory)[KEEP:]:
-        _path(directory, old).unlink(missing_ok=True)
+        path(directory, old).unlink(missing_ok=True)
+        _digest_path(path(directory, old)).unlink(missing_ok=True)
     return final
 
 
-def read(path: Path) -> dict[str, Any]:
-    """Load one checkpoint file; ``ValueError`` if it is not whole."""
+def recorded_digest(file: Path) -> str | None:
+    """The digest recorded beside ``file``, if there is one."""
+    try:
+        return _digest_path(file).read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def verify(file: Path) -> None:
+    """``ValueError`` unless ``file`` matches the digest beside it."""
+    expected = recorded_digest(file)
+    if expected is None:
+        raise ValueError(f"{file}: no digest beside it (an unfinished checkpoint)")
+    if sha256(file) != expected:
+        raise ValueError(f"{file}: checksum mismatch (torn or corrupted file)")
+
+
+def read(file: Path) -> dict[str, Any]:
+    """Load one verified checkpoint file; ``ValueError`` if it is not whole."""
     import torch
 
-    data = path.read_bytes()
-    head, sep, payload = data.partition(b"\n")
-    if not sep or not head.startswith(MAGIC):
-        raise ValueError(f"{path}: not a gandiva checkpoint (bad header)")
-    if hashlib.sha256(payload).hexdigest().encode() != head[len(MAGIC):]:
-        raise ValueError(f"{path}: checksum mismatch (torn or corrupted file)")
-    return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+    verify(file)
+    return torch.load(file, map_location="cpu", weights_only=False)
+
+
+def newest_whole(directory: Path) -> tuple[int, Path] | None:
+    """The newest checkpoint that verifies; corrupt ones are set aside on the way."""
+    for step in steps(directory):
+        file = path(directory, step)
+        try:
+            verify(file)
+            return step, file
+        except (ValueError, OSError) as err:
+            print(f"gandiva: skipping checkpoint {file.name}: {err}", file=sys.stderr)
+            _set_aside(file)
+    return None
+
+
+def _set_aside(file: Path) -> None:
+    try:
+        file.rename(file.with_name(file.name + ".corrupt"))
+    except OSError:
+        pass
+    _digest_path(file).unlink(missing_ok=True)
 
 
 def latest(directory: Path) -> tuple[int, dict[str, Any]] | None:
-    """The newest checkpoint that reads back whole; corrupt ones are set aside."""
-    for step in steps(directory):
-        path = _path(directory, step)
+    """The newest checkpoint that reads back whole, loaded."""
+    while (found := newest_whole(directory)) is not None:
+        step, file = found
         try:
-            return step, read(path)
+            return step, read(file)
         except (ValueError, OSError, RuntimeError, EOFError) as err:
-            print(f"gandiva: skipping checkpoint {path.name}: {err}", file=sys.stderr)
-            path.rename(path.with_name(path.name + ".corrupt"))
+            print(f"gandiva: skipping checkpoint {file.name}: {err}", file=sys.stderr)
+            _set_aside(file)
     return None
 
 
-def _whole(data: bytes) -> bool:
-    head, sep, payload = data.partition(b"\n")
-    return (bool(sep) and head.startswith(MAGIC)
-            and hashlib.sha256(payload).hexdigest().encode() == head[len(MAGIC):])
+# ---- moving a checkpoint to another node: (step, file contents, digest) ----------------------
 
-
-def newest_file(directory: Path) -> tuple[int, bytes] | None:
-    """The newest checkpoint's step and bytes, checked whole (to move it to another node)."""
+def newest_file(directory: Path) -> tuple[int, bytes, str] | None:
+    """The newest checkpoint's step, bytes and digest, checked whole."""
     for step in steps(directory):
+        file = path(directory, step)
         try:
-            data = _path(directory, step).read_bytes()
+            data = file.read_bytes()
         except OSError:
             continue
-        if _whole(data):
-            return step, data
+        digest = recorded_digest(file)
+        if digest is not None and sha256(data) == digest:
+            return step, data, digest
     return None
 
 
-def mapped(directory: Path) -> tuple[int, Any] | None:
-    """The newest checkpoint's step and file, mapped into memory and not checked: to hand
-    it on to a job that is about to restore it, which checks it then (see ``install``)."""
+def mapped(directory: Path) -> tuple[int, Any, str] | None:
+    """The newest checkpoint's step, file mapped into memory, and recorded digest, not
+    checked: to hand it on to a job that is about to restore it, which checks it then."""
     import numpy as np
 
     for step in steps(directory):
+        file = path(directory, step)
+        digest = recorded_digest(file)
+        if digest is None:
+            continue
         try:
-            return step, np.memmap(_path(directory, step), dtype=np.uint8, mode="r")
+            return step, np.memmap(file, dtype=np.uint8, mode="r"), digest
         except (OSError, ValueError):
             continue
     return None
 
 
-def install(directory: Path, step: int, data: Any, transit: bool = False) -> Path:
-    """Put a checkpoint file that came from elsewhere in place, as atomically as ``save``;
+def install(directory: Path, step: int, data: Any, digest: str,
+            transit: bool = False) -> Path:
+    """Put a checkpoint that came from elsewhere in place, as atomically as ``save``;
     ``ValueError`` if it arrived torn.
 
     ``transit``: a copy made for a job to restore at once, while its source keeps the file
@@ -139,7 +212,12 @@ def install(directory: Path, step: int, data: Any, transit: bool = False) -> Pat
     it as it reads it (a torn copy is set aside, as any), and if this machine crashes, the
     job restores from the source's file instead. A 1 GB checkpoint saves about 0.6 s of
     hashing and 0.3 s of fsync, of a move's ~5 s (benchmarks/ray_migration.py)."""
-    if not transit and not _whole(data):
+    if not transit and sha256(data) != digest:
         raise ValueError(f"checkpoint of step {step} arrived torn (checksum mismatch)")
-    directory.mkdir(parents=True, exist_ok=True)
-    return _write(directory, step, data, durable=not transit)
+    tmp = scratch(directory, step).with_suffix(f".{os.getpid()}.in")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        if not transit:
+            f.flush()
+            os.fsync(f.fileno())
+    return _place(directory, step, tmp, digest, durable=not transit)

@@ -37,7 +37,7 @@ import resource
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +73,10 @@ class Job:
         self._cores = (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                        else [])
         self.device = self._use_device(env.get("GANDIVA_DEVICE", "cpu"))
-        self._pg = None
-        if self.world_size > 1:
-            self._init_distributed()
+        self._pg: Any = None  # torch.distributed, once the gang's group exists
+        self._control: Any = None  # the group ranks agree through (None: the default group)
+        # how a framework writes its own checkpoint (every rank calls it; see ``save``)
+        self.writer: Callable[[Path], None] | None = None
         self._send(ev="hello", pid=os.getpid(), rank=self.rank)
         self._window_start = time.perf_counter()
         self._window_steps = 0
@@ -100,11 +101,21 @@ class Job:
             os.sched_setaffinity(0, {cores[(first + i) % len(cores)] for i in range(self.threads)})
         return torch.device("cpu")
 
-    def _init_distributed(self) -> None:
+    def distributed(self) -> None:
+        """Join the gang's process group: the script's own, if it made one (a torchrun
+        script calls ``init_process_group`` itself), else one made here. Commands are
+        agreed on through a group that works on CPU tensors: the default group if it has
+        gloo (``"cpu:gloo,cuda:nccl"``, what this makes on GPUs), else a gloo group beside
+        the script's NCCL one. Called by ``steps`` and the integrations, on every rank."""
+        if self.world_size <= 1 or self._pg is not None:
+            return
         import torch.distributed as dist
 
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
+        if not dist.is_initialized():
+            backend = "cpu:gloo,cuda:nccl" if self.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
+        if not _cpu_capable(str(dist.get_backend())):
+            self._control = dist.new_group(backend="gloo")
         self._pg = dist
 
     # ---- state --------------------------------------------------------------------------
@@ -159,12 +170,20 @@ class Job:
         return found[0]
 
     def save(self) -> Path | None:
-        """Write a checkpoint of this step (rank 0 writes; the others wait for it)."""
+        """Write a checkpoint of this step: the registered state (rank 0 writes it), or
+        through ``writer``, a framework's own save, which every rank calls (the framework
+        decides which rank writes). Rank 0 then commits it; the others wait for that."""
         path = None
-        if self.checkpoint_dir is not None and self.rank == 0:
-            path = checkpoint.save(self.checkpoint_dir, self.step, self.state())
+        directory = self.checkpoint_dir
+        if directory is not None and self.writer is not None:
+            scratch = checkpoint.scratch(directory, self.step)
+            self.writer(scratch)
+            if self.rank == 0:
+                path = checkpoint.commit(directory, self.step, scratch)
+        elif directory is not None and self.rank == 0:
+            path = checkpoint.save(directory, self.step, self.state())
         if self._pg is not None:
-            self._pg.barrier()
+            self._pg.barrier(group=self._control)
         self._last_ckpt = time.monotonic()
         return path
 
@@ -199,13 +218,27 @@ class Job:
     # ---- the loop -----------------------------------------------------------------------
     def steps(self, total: int) -> Iterator[int]:
         """Mini-batch indices from the restored step to ``total``; a safe point between each."""
+        self.distributed()
         self.restore()
-        self._send(ev="started", step=self.step, restored=self.restored_from)
+        self.started()
         while self.step < total:
             yield self.step
-            self.step += 1
-            self._window_steps += 1
-            self._boundary()
+            self.boundary()
+        self.finish()
+
+    # what ``steps`` does, for loops that are not ours (the framework integrations)
+    def started(self) -> None:
+        """Training begins (after any restore): the agent may steer the job from here on."""
+        self._send(ev="started", step=self.step, restored=self.restored_from)
+
+    def boundary(self) -> None:
+        """A mini-batch has ended: a safe point, where the job obeys the agent."""
+        self.step += 1
+        self._window_steps += 1
+        self._boundary()
+
+    def finish(self) -> None:
+        """Training is over: report, take the final checkpoint, say done."""
         self._flush_report(force=True)
         if self.checkpoint_dir is not None:
             self.save()
@@ -326,7 +359,7 @@ class Job:
         import torch
 
         flag = torch.tensor([command is not None, due], dtype=torch.int32)
-        self._pg.all_reduce(flag, op=self._pg.ReduceOp.MAX)
+        self._pg.all_reduce(flag, op=self._pg.ReduceOp.MAX, group=self._control)
         if flag[0].item() and command is None:
             command = self._wait()
         return command, bool(flag[1].item())
@@ -373,6 +406,12 @@ class Job:
             except Exception:  # no NVML: unknown, report full
                 return 1.0
         return min(1.0, cpu_s / (wall_s * self.threads)) if wall_s else 0.0
+
+
+def _cpu_capable(backend: str) -> bool:
+    """Whether a process group of ``backend`` (e.g. ``nccl``, ``gloo``,
+    ``cpu:gloo,cuda:nccl``) can all-reduce a CPU tensor."""
+    return any(b in backend.lower() for b in ("gloo", "mpi"))
 
 
 _job: Job | None = None

@@ -50,7 +50,7 @@ import ray  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 from gandiva.runtime import checkpoint  # noqa: E402
-from gandiva.runtime.agent import Agent, AgentEvent, Gang, Launch, free_port  # noqa: E402
+from gandiva.runtime.agent import Agent, AgentEvent, Gang, Launch  # noqa: E402
 from gandiva.runtime.local import detect_devices  # noqa: E402
 from gandiva.state import GPU, Cluster, Node  # noqa: E402
 
@@ -87,10 +87,10 @@ class NodeAgent:
             self.copied[job_id] = ckpt[0]  # it came from a node that keeps it, or the head
         self.agent.start(job_id, launch, devices, gang)
 
-    def free_port(self) -> int:
-        return free_port()
+    def rendezvous(self, job_id: str) -> int:
+        return self.agent.rendezvous(job_id)
 
-    def newest(self, job_id: str) -> tuple[int, Any] | None:
+    def newest(self, job_id: str) -> tuple[int, Any, str] | None:
         """The job's newest checkpoint file, to hand on; mapped, not read: Ray copies it
         from the page cache into the object store once."""
         return checkpoint.mapped(self.agent.checkpoint_dir(job_id))
@@ -110,7 +110,7 @@ class NodeAgent:
     def park(self, job_id: str) -> None:
         self.agent.park(job_id)
 
-    def hand_over(self, job_id: str) -> tuple[int, Any] | None:
+    def hand_over(self, job_id: str) -> tuple[int, Any, str] | None:
         """Checkpoint at the next boundary, stop, and give the checkpoint file away."""
         self.agent.park(job_id)
         return self.newest(job_id)
@@ -139,7 +139,8 @@ class NodeAgent:
             newest = checkpoint.newest_file(directory)
             if newest is not None and newest[0] > self.copied.get(job_id, -1):
                 self.copied[job_id] = newest[0]
-                out.append(("checkpoint", job_id, {"step": newest[0], "data": newest[1]}))
+                out.append(("checkpoint", job_id, {"step": newest[0], "data": newest[1],
+                                                    "digest": newest[2]}))
         return out
 
     def close(self) -> None:
@@ -347,10 +348,10 @@ class RayNodes:
         run = self.runs[job_id] = self.runs.get(job_id, 0) + 1
         if len(plan) > 1:
             master = plan[0][0]
-            gang = (self.infos[master]["ip"], self._call(master, "free_port"), run)
+            gang = (self.infos[master]["ip"], self._call(master, "rendezvous", job_id), run)
         calls = []
-        for node, local in plan:
-            part = Gang(first, world, *gang) if gang else None
+        for index, (node, local) in enumerate(plan):
+            part = Gang(first, world, *gang, node=index, nodes=len(plan)) if gang else None
             calls.append(self.actors[node].start.remote(
                 job_id, self.launches[job_id], local, None if node == has else ckpt, part))
             first += len(local)
@@ -410,7 +411,7 @@ class RayNodes:
                 error = error or err
         return error
 
-    def _replica(self, job_id: str) -> tuple[int, bytes] | None:
+    def _replica(self, job_id: str) -> tuple[int, bytes, str] | None:
         return checkpoint.newest_file(self.replicas / job_id)
 
     def _part_ended(self, node: int, kind: str, job_id: str, data: dict) -> None:
@@ -479,7 +480,8 @@ class RayNodes:
                 return
             for kind, job_id, data in batch:
                 if kind == "checkpoint":
-                    checkpoint.install(self.replicas / job_id, data["step"], data["data"])
+                    checkpoint.install(self.replicas / job_id, data["step"], data["data"],
+                                       data["digest"])
                     if self.holder.get(job_id) == node:
                         self.spare.pop(job_id, None)  # the replica is newer now
                 elif kind in ("done", "failed", "crashed"):
