@@ -14,9 +14,11 @@ from its last checkpoint, up to ``max_restarts`` times, as torchrun does; after 
 with its exit status and the end of its log as the reason. The agent itself never dies of a
 job's failure.
 
-Decision: on GPUs, rank r of a job sees its own GPU as ``cuda:0`` (first in
-CUDA_VISIBLE_DEVICES, so unmodified scripts use the right one) followed by the node's other
-GPUs, so the library can resume it on another GPU of the node without a restart.
+Decision: on GPUs, the rank with LOCAL_RANK r sees its own GPU as ``cuda:r`` (r-th in
+CUDA_VISIBLE_DEVICES), as under torchrun, so unmodified scripts use the right one: a
+one-GPU script's ``cuda:0``, a torchrun script's ``cuda:LOCAL_RANK``. The node's other GPUs
+fill the other places, so the library can resume a job on another GPU of the node without
+a restart.
 """
 
 from __future__ import annotations
@@ -305,7 +307,8 @@ class Agent:
         command = [self.python if c == "{python}" else c for c in command]
         for rank in range(len(job.devices)):
             mine = job.devices[rank]
-            visible = [mine] + [d for d in range(len(self.devices)) if d != mine]
+            others = [d for d in range(len(self.devices)) if d != mine]
+            visible = others[:rank] + [mine] + others[rank:]
             env = {**os.environ, **job.launch.env,
                    "GANDIVA_JOB_ID": job.id,
                    "GANDIVA_CHECKPOINT_DIR": str(self.checkpoint_dir(job.id)),
@@ -318,7 +321,7 @@ class Agent:
             if self.gpu:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(
                     self.devices[d].split(":")[1] for d in visible)
-                env["GANDIVA_DEVICE"] = "cuda:0"
+                env["GANDIVA_DEVICE"] = f"cuda:{visible.index(mine)}"
             else:
                 env["GANDIVA_DEVICE"] = f"cpu:{job.devices[rank]}"
             log_path = directory / f"rank{job.first + rank}.log"  # logs go by global rank

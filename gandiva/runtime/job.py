@@ -164,10 +164,13 @@ class Job:
         if found is None:
             return None
         self.load(found[1])
-        self.restored_from = found[0]
-        print(f"gandiva: restored from checkpoint at step {found[0]}", file=sys.stderr,
-              flush=True)
+        self.restored(found[0])
         return found[0]
+
+    def restored(self, step: int) -> None:
+        """The job goes on from its checkpoint of ``step`` (restored here or by a framework)."""
+        self.step = self.restored_from = step
+        print(f"gandiva: restored from checkpoint at step {step}", file=sys.stderr, flush=True)
 
     def save(self) -> Path | None:
         """Write a checkpoint of this step: the registered state (rank 0 writes it), or
@@ -233,14 +236,15 @@ class Job:
 
     def boundary(self) -> None:
         """A mini-batch has ended: a safe point, where the job obeys the agent."""
-        self.step += 1
-        self._window_steps += 1
-        self._boundary()
+        command = self.next_command()
+        while command is not None:
+            command = self.obey(command)
 
-    def finish(self) -> None:
-        """Training is over: report, take the final checkpoint, say done."""
+    def finish(self, save: bool = True) -> None:
+        """Training is over: report, take the final checkpoint (unless the caller just
+        did), say done."""
         self._flush_report(force=True)
-        if self.checkpoint_dir is not None:
+        if save and self.checkpoint_dir is not None:
             self.save()
         self._send(ev="done", step=self.step)
 
@@ -249,7 +253,13 @@ class Job:
         self._window_samples += samples
         self.metrics.update({k: float(v) for k, v in metrics.items()})
 
-    def _boundary(self) -> None:
+    def next_command(self) -> dict[str, Any] | None:
+        """Count the mini-batch that just ended, and say what the job must do at this
+        boundary (the same on every rank), if anything: the agent's command, or a periodic
+        checkpoint. ``boundary`` obeys it at once; an integration whose framework must
+        write the checkpoint itself obeys it once the framework has (see ``hf``)."""
+        self.step += 1
+        self._window_steps += 1
         self._flush_report()
         command = self._poll()
         due = time.monotonic() - self._last_ckpt >= self.checkpoint_every_s
@@ -257,18 +267,18 @@ class Job:
             command, due = self._agree(command, due)
         if command is None and due:
             command = {"op": "checkpoint", "exit": False, "periodic": True}
-        while command is not None:
-            command = self._obey(command)
+        return command
 
-    def _obey(self, command: dict[str, Any]) -> dict[str, Any] | None:
+    def obey(self, command: dict[str, Any]) -> dict[str, Any] | None:
+        """Carry out ``command``; the next one, if the agent sent it while the job waited
+        (a suspended job may be told to checkpoint and stop instead of resuming)."""
         op = command["op"]
         if op == "checkpoint":
             path = self.save()
             if not command.get("periodic"):
                 self._send(ev="checkpointed", step=self.step, path=str(path) if path else None)
             if command.get("exit"):
-                self._close()
-                os._exit(0)
+                self.exit()
             return None
         if op == "resume":  # one that crossed a signal-based suspend: already running
             return None
@@ -363,6 +373,12 @@ class Job:
         if flag[0].item() and command is None:
             command = self._wait()
         return command, bool(flag[1].item())
+
+    def exit(self) -> None:
+        """Stop here, at once, after a checkpoint the agent asked for (no clean-up of the
+        framework's: its state is in the checkpoint)."""
+        self._close()
+        os._exit(0)
 
     def _agent_gone(self) -> None:
         # the agent died: stop here; the work since the last checkpoint is what is lost
