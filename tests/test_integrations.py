@@ -17,23 +17,33 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_runtime import EXAMPLES, flatten  # noqa: E402
+from test_runtime import EXAMPLES, assert_identical, flatten, started, wait_for  # noqa: E402
 
 from gandiva.runtime import checkpoint  # noqa: E402
-from gandiva.runtime.agent import Launch  # noqa: E402
+from gandiva.runtime.agent import Agent, Launch  # noqa: E402
 
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def standalone(tmp: Path, command: list[str], timeout: float = 180) -> dict:
     """The final checkpoint of ``command`` run alone, uninterrupted, with no agent."""
-    ckpt = tmp / "reference"
-    env = {**os.environ, **ENV, "GANDIVA_CHECKPOINT_DIR": str(ckpt),
-           "GANDIVA_CHECKPOINT_EVERY_S": "1e9"}
-    env.pop("GANDIVA_CONTROL_FD", None)
-    subprocess.run(command, env=env, check=True, capture_output=True, timeout=timeout,
-                   cwd=tmp)
-    return checkpoint.latest(ckpt)[1]
+    return standalone_all(tmp, {"reference": command}, timeout)["reference"]
+
+
+def standalone_all(tmp: Path, commands: dict[str, list[str]], timeout: float = 300) -> dict:
+    """``standalone`` for several commands at once (one process each)."""
+    procs = {}
+    for name, command in commands.items():
+        env = {**os.environ, **ENV, "GANDIVA_CHECKPOINT_DIR": str(tmp / "alone" / name),
+               "GANDIVA_CHECKPOINT_EVERY_S": "1e9"}
+        env.pop("GANDIVA_CONTROL_FD", None)
+        env.pop("GANDIVA_JOB_ID", None)
+        procs[name] = subprocess.Popen(command, env=env, cwd=tmp, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT)
+    for proc in procs.values():
+        out, _ = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, out.decode(errors="replace")[-3000:]
+    return {name: checkpoint.latest(tmp / "alone" / name)[1] for name in commands}
 
 
 def assert_same_training(a: dict, b: dict, keys: tuple[str, ...]) -> None:
@@ -87,20 +97,95 @@ def run_under_gandiva(tmp: Path, launches: dict[str, Launch], crash: str, spec_m
     return backend, result
 
 
+# ---- torchrun DDP: a script that makes its own process group -------------------------------
+
+def test_torchrun_ddp_script_runs_as_one_gang_time_sliced_and_ends_bit_identical(tmp_path):
+    script, args = str(EXAMPLES / "ddp.py"), ["--steps", "800", "--seed", "4"]
+    # the reference: the same script launched by torchrun itself, no gandiva
+    ref = standalone(tmp_path, [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                "--nproc-per-node=2", script, *args])
+    agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=1e9)
+    try:
+        agent.start("d", Launch(["torchrun", "--nproc-per-node=2", script, *args]), (0, 1))
+        assert started(agent, "d")["restored"] is None
+        assert len(agent.jobs["d"].ranks) == 2  # one process per rank, not torchrun's 2 x 2
+        for devices in ((1, 0), (0, 1), (1, 0)):
+            time.sleep(0.3)
+            agent.suspend("d")  # both ranks, at one boundary, through the library
+            assert agent.jobs["d"].suspended and not agent.jobs["d"].signalled
+            agent.resume("d", devices)
+        agent.restart("d", (0, 1))  # checkpoint, stop, start again: a move's path
+        assert started(agent, "d")["restored"] > 0
+        wait_for(agent, "done", "d")
+        assert_identical(checkpoint.latest(agent.checkpoint_dir("d"))[1], ref)
+        log = (agent.job_dir("d") / "rank0.log").read_text()
+        assert "torchrun unwrapped" in log and "done: 800 steps on 2 ranks" in log
+        assert "initialized twice" not in log
+    finally:
+        agent.close()
+
+
+def test_ranks_get_torchruns_whole_environment_and_meet_at_the_agents_store(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import json, os, sys\n"
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')  # env://, at the store the agent hosts\n"
+        "keys = ['RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK',\n"
+        "        'NODE_RANK', 'MASTER_ADDR', 'MASTER_PORT', 'TORCHELASTIC_RUN_ID',\n"
+        "        'TORCHELASTIC_RESTART_COUNT', 'TORCHELASTIC_USE_AGENT_STORE']\n"
+        "print(json.dumps({k: os.environ.get(k) for k in keys}))\n"
+        "dist.barrier()\n")
+    agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"])
+    try:
+        agent.start("p", Launch(["torchrun", "--nproc-per-node", "2", str(probe)]), (0, 1))
+        wait_for(agent, "done", "p")
+    finally:
+        agent.close()
+    import json
+
+    seen = [json.loads(next(line for line in (agent.job_dir("p") / f"rank{r}.log")
+                            .read_text().splitlines() if line.startswith("{")))
+            for r in (0, 1)]
+    assert [e["RANK"] for e in seen] == ["0", "1"] == [e["LOCAL_RANK"] for e in seen]
+    for e in seen:
+        assert e["WORLD_SIZE"] == e["LOCAL_WORLD_SIZE"] == "2"
+        assert e["GROUP_RANK"] == e["NODE_RANK"] == "0"
+        assert e["TORCHELASTIC_RUN_ID"] == "p" and e["TORCHELASTIC_RESTART_COUNT"] == "0"
+        assert e["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        assert e["MASTER_PORT"] == seen[0]["MASTER_PORT"]
+
+
+def test_torchrun_commands_are_unwrapped_and_a_conflicting_width_is_refused():
+    from gandiva.runtime import torchrun
+    from gandiva.server.jobspec import SpecError, parse
+
+    assert torchrun.unwrap(["torchrun", "--standalone", "--nproc-per-node=4", "t.py", "--lr",
+                            "1"]) == ["{python}", "t.py", "--lr", "1"]
+    assert torchrun.unwrap(["python", "-m", "torch.distributed.run", "-m", "pkg.train"]) == [
+        "{python}", "-m", "pkg.train"]
+    assert torchrun.unwrap(["torchrun", "--no-python", "./train.sh"]) == ["./train.sh"]
+    assert torchrun.unwrap(["python", "t.py"]) == ["python", "t.py"]
+    assert torchrun.worker_count(["torchrun", "--nnodes=2", "--nproc-per-node=4", "t.py"]) == 8
+    assert torchrun.worker_count(["torchrun", "--nnodes=1:4", "--nproc-per-node=4", "t.py"]) is None
+    assert parse("name: d\ncommand: torchrun --nproc-per-node=2 t.py\ngpus: 2").gpus == 2
+    with pytest.raises(SpecError, match="torchrun asks for 4 workers .* but gpus is 2"):
+        parse("name: d\ncommand: torchrun --nproc-per-node=4 t.py\ngpus: 2")
+    with pytest.raises(SpecError, match="unrecognized arguments: --bogus"):
+        parse("name: d\ncommand: torchrun --bogus t.py\ngpus: 2")
+
+
 # ---- PyTorch Lightning: an unmodified script ---------------------------------------------
 
-pl = pytest.importorskip("lightning.pytorch", reason="pip install -e '.[integrations]'")
-
-
 def test_unmodified_lightning_script_time_sliced_restarted_ends_bit_identical(tmp_path):
+    pytest.importorskip("lightning.pytorch", reason="pip install -e '.[integrations]'")
     script = str(EXAMPLES / "lightning_mlp.py")
     runs = {f"l{i}": ["--epochs", "3", "--batches", "120", "--seed", str(i)] for i in range(3)}
     backend, result = run_under_gandiva(
         tmp_path, {j: Launch(["{python}", script, *a]) for j, a in runs.items()},
         crash="l0", spec_model="mlp")
-    for jid, args in runs.items():
-        ref = standalone(tmp_path / jid if (tmp_path / jid).mkdir() is None else tmp_path,
-                         [sys.executable, script, *args])
+    refs = standalone_all(tmp_path, {j: [sys.executable, script, *a] for j, a in runs.items()})
+    for jid, ref in refs.items():
         final = checkpoint.latest(backend.agent.checkpoint_dir(jid))[1]
         assert final["global_step"] == ref["global_step"] == 360
         assert_same_training(final, ref, ("state_dict", "optimizer_states", "lr_schedulers"))
@@ -133,9 +218,9 @@ def test_hf_trainer_script_time_sliced_restarted_ends_bit_identical(tmp_path):
     backend, result = run_under_gandiva(
         tmp_path, {j: Launch(["{python}", script, *a]) for j, a in runs.items()},
         crash="h0", spec_model="bert")
-    for jid, args in runs.items():
-        (tmp_path / jid).mkdir()
-        ref = hf_training(standalone(tmp_path / jid, [sys.executable, script, *args]))
+    refs = standalone_all(tmp_path, {j: [sys.executable, script, *a] for j, a in runs.items()})
+    for jid, ref_state in refs.items():
+        ref = hf_training(ref_state)
         final = hf_training(checkpoint.latest(backend.agent.checkpoint_dir(jid))[1])
         assert final["step"] == ref["step"] == 400
         assert_same_training(final, ref, ("weights", "optimizer", "scheduler"))

@@ -34,13 +34,13 @@ def _torchrun_args(command: list[str]) -> list[str] | None:
 def _parse(args: list[str]):
     from torch.distributed.run import get_args_parser
 
+    def refuse(message: str):
+        raise ValueError(f"torchrun's arguments do not parse: {message}")
+
     parser = get_args_parser()
     parser.set_defaults(nproc_per_node=None)  # tell "not given" from "1"
-    parser.exit_on_error = False
-    try:
-        return parser.parse_args(args)
-    except SystemExit:  # argparse's way of saying the arguments are wrong
-        raise ValueError("torchrun's arguments do not parse: " + " ".join(args)) from None
+    parser.error = refuse  # type: ignore[method-assign]  # (argparse would print and exit)
+    return parser.parse_args(args)
 
 
 def unwrap(command: list[str], python: str = "{python}") -> list[str]:

@@ -34,6 +34,8 @@ from pydantic import (
     model_validator,
 )
 
+from gandiva.runtime import torchrun
+
 # matched whole (fullmatch): a "$" would also match before a final newline
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -138,6 +140,21 @@ class JobRequest(BaseModel):
                 raise ValueError("give seconds, or a number with s, m, h or d (e.g. 90m)")
             return float(m[1]) * _UNIT_S[m[2]]
         return v
+
+    @model_validator(mode="after")
+    def _torchrun_width(self) -> JobRequest:
+        """gandiva launches the ranks (see ``runtime/torchrun.py``): torchrun's own width
+        must be the spec's, or absent."""
+        try:
+            workers = torchrun.worker_count(self.command)
+        except ValueError as e:
+            raise ValueError(f"command: {e}") from None
+        if workers is not None and workers != self.gpus:
+            raise ValueError(
+                f"command: torchrun asks for {workers} workers (--nnodes x --nproc-per-node) "
+                f"but gpus is {self.gpus}; gandiva starts one process per GPU itself: set "
+                f"gpus: {workers}, or leave --nproc-per-node out")
+        return self
 
     @model_validator(mode="after")
     def _elastic_holds_gpus(self) -> JobRequest:
