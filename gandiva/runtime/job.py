@@ -44,6 +44,12 @@ from typing import Any
 from gandiva.runtime import checkpoint
 
 REPORT_INTERVAL_S = 1.0  # profile messages are batched: one a second at most
+# A gang agrees on commands (one all-reduce, ~1 ms through gloo on 2 cores) at the first
+# boundary this long after the last agreement, counted in mini-batches so every rank picks
+# the same one: a command waits at most this much longer (nothing, against a 60 s quantum),
+# and the all-reduce costs at most ~2% of any mini-batch (benchmarks/boundary_cost.py)
+AGREE_EVERY_S = 0.05
+AGREE_MAX_STEPS = 1000
 
 
 class Job:
@@ -83,6 +89,8 @@ class Job:
         self._window_samples = 0
         self._window_cpu = time.process_time()
         self._last_ckpt = time.monotonic()
+        self._agree_at = 0  # the step of the gang's next agreement
+        self._agreed = (0, time.perf_counter())  # the step and time of the last one
 
     # ---- devices ------------------------------------------------------------------------
     def _use_device(self, name: str):
@@ -261,6 +269,8 @@ class Job:
         self.step += 1
         self._window_steps += 1
         self._flush_report()
+        if self._pg is not None and self.step < self._agree_at:
+            return None  # a gang acts at agreed boundaries only (see AGREE_EVERY_S)
         command = self._poll()
         due = time.monotonic() - self._last_ckpt >= self.checkpoint_every_s
         if self._pg is not None:  # the ranks of a gang act at the same boundary
@@ -368,11 +378,19 @@ class Job:
         (the agent sends it to every rank); if any rank's checkpoint is due, all take it."""
         import torch
 
-        flag = torch.tensor([command is not None, due], dtype=torch.int32)
+        step, then = self._agreed
+        per_step = (time.perf_counter() - then) / max(1, self.step - step)
+        every = max(1, min(AGREE_MAX_STEPS, int(AGREE_EVERY_S / max(per_step, 1e-9))))
+        # one MAX all-reduce: any rank's command, any rank's checkpoint due, and the
+        # smallest proposed interval to the next agreement (as the max of its negation)
+        flag = torch.tensor([command is not None, due, -every], dtype=torch.int32)
         self._pg.all_reduce(flag, op=self._pg.ReduceOp.MAX, group=self._control)
-        if flag[0].item() and command is None:
+        pending, due, least = (int(v) for v in flag.tolist())
+        if pending and command is None:
             command = self._wait()
-        return command, bool(flag[1].item())
+        self._agree_at = self.step + (1 if command is not None else -least)
+        self._agreed = (self.step, time.perf_counter())
+        return command, bool(due)
 
     def exit(self) -> None:
         """Stop here, at once, after a checkpoint the agent asked for (no clean-up of the
