@@ -36,9 +36,10 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--batch", type=int, default=32, help="per rank")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backend", default=None, help="default: gloo on CPU, NCCL on GPUs")
     args = ap.parse_args()
 
-    dist.init_process_group()  # the script's own group: gloo on CPU, NCCL on GPUs
+    dist.init_process_group(args.backend)  # the script's own group
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)

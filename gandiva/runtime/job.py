@@ -115,10 +115,12 @@ class Job:
         agreed on through a group that works on CPU tensors: the default group if it has
         gloo (``"cpu:gloo,cuda:nccl"``, what this makes on GPUs), else a gloo group beside
         the script's NCCL one. Called by ``steps`` and the integrations, on every rank."""
-        if self.world_size <= 1 or self._pg is not None:
+        if self._pg is not None:
             return
         import torch.distributed as dist
 
+        if self.world_size <= 1 and not dist.is_initialized():
+            return  # alone, and no group of the script's: nothing to agree with
         if not dist.is_initialized():
             backend = "cpu:gloo,cuda:nccl" if self.device.type == "cuda" else "gloo"
             dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
