@@ -318,6 +318,7 @@ class Agent:
                                   self.max_restarts),
                    "PYTHONUNBUFFERED": "1",
                    "OMP_NUM_THREADS": str(self.threads)}
+            env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # torchrun's default
             if self.gpu:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(
                     self.devices[d].split(":")[1] for d in visible)
@@ -654,9 +655,7 @@ def torchrun_env(job_id: str, gang: Gang, local_rank: int, local_world: int,
             "MASTER_ADDR": gang.master_addr, "MASTER_PORT": str(gang.master_port),
             "TORCHELASTIC_RUN_ID": job_id, "TORCHELASTIC_RESTART_COUNT": str(restarts),
             "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
-            "TORCHELASTIC_USE_AGENT_STORE": "True",
-            "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get(
-                "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")}
+            "TORCHELASTIC_USE_AGENT_STORE": "True"}
 
 
 def _store() -> Any:

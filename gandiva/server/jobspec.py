@@ -53,7 +53,9 @@ def _json_number(v: Any) -> Any:
 JsonInt = Annotated[int, BeforeValidator(_json_number)]  # 3 or 3.0; not true, not "3"
 # variables the agent sets for the job; a spec may not override them
 RESERVED_ENV = ("GANDIVA_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES")
+                "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "GROUP_RANK",
+                "GROUP_WORLD_SIZE", "NODE_RANK", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE",
+                "TORCHELASTIC_")
 
 
 class Elastic(BaseModel):
