@@ -110,6 +110,17 @@ def test_checkpoint_is_verified_and_a_corrupt_one_is_set_aside(tmp_path):
     assert checkpoint.latest(tmp_path) is None
 
 
+def test_checkpoint_is_a_plain_torch_file_with_its_digest_beside_it(tmp_path):
+    path = checkpoint.save(tmp_path, 7, {"w": torch.arange(3.0)})
+    assert torch.equal(torch.load(path)["w"], torch.arange(3.0))  # nothing of ours to strip
+    check = subprocess.run(["sha256sum", "-c", path.name + ".sha256"], cwd=tmp_path,
+                           capture_output=True, text=True)
+    assert check.returncode == 0 and ": OK" in check.stdout
+    # a checkpoint without its digest (copied alone, say) is not taken: it cannot be checked
+    (tmp_path / (path.name + ".sha256")).unlink()
+    assert checkpoint.latest(tmp_path) is None
+
+
 # ---- the agent and the library -------------------------------------------------------------
 
 def test_suspended_resumed_moved_and_restarted_job_ends_bit_identical(agent, tmp_path):
