@@ -15,6 +15,7 @@ import argparse
 
 import lightning.pytorch as pl
 import torch
+import torch.distributed as dist
 from torch import nn
 
 IN, OUT = 16, 4
@@ -34,9 +35,11 @@ class Batches:
 
     def __iter__(self):
         start, self._resume_at = self._resume_at, 0
+        rank = dist.get_rank() if dist.is_initialized() else 0  # each rank its own share
         for i in range(start, self.batches):
             self.position = i + 1
-            g = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) * 10_007 + i)
+            g = torch.Generator().manual_seed(
+                ((self.seed * 1_000_003 + self.epoch) * 10_007 + i) * 101 + rank)
             x = torch.randn(self.size, IN, generator=g)
             yield x, (x @ self.teacher).tanh()
         self.epoch, self.position = self.epoch + 1, 0
@@ -74,11 +77,13 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--devices", type=int, default=1, help="data-parallel ranks (DDP)")
     args = ap.parse_args()
 
     pl.seed_everything(args.seed, verbose=False)
     model = Regressor(args.lr, args.width)
-    trainer = pl.Trainer(max_epochs=args.epochs, accelerator="auto", devices=1,
+    trainer = pl.Trainer(max_epochs=args.epochs, accelerator="auto", devices=args.devices,
+                         strategy="ddp" if args.devices > 1 else "auto",
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, deterministic=True)
     trainer.fit(model, Batches(args.batches, args.batch, args.seed))

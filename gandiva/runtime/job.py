@@ -83,7 +83,8 @@ class Job:
         self._control: Any = None  # the group ranks agree through (None: the default group)
         # how a framework writes its own checkpoint (every rank calls it; see ``save``)
         self.writer: Callable[[Path], None] | None = None
-        self._send(ev="hello", pid=os.getpid(), rank=self.rank)
+        if self.world_size <= 1:
+            self._hello()  # (a gang's ranks say it once they have met: see ``distributed``)
         self._window_start = time.perf_counter()
         self._window_steps = 0
         self._window_samples = 0
@@ -127,6 +128,14 @@ class Job:
         if not _cpu_capable(str(dist.get_backend())):
             self._control = dist.new_group(backend="gloo")
         self._pg = dist
+        if self.world_size > 1:
+            self._hello()
+
+    def _hello(self) -> None:
+        """Tell the agent this rank obeys commands at its boundaries. Decision: a gang's
+        ranks say so only once the gang has met, so that the agent never has some of them
+        obeying and others (still meeting) stopped by signal."""
+        self._send(ev="hello", pid=os.getpid(), rank=self.rank)
 
     # ---- state --------------------------------------------------------------------------
     def register(self, **objects: Any) -> None:
@@ -189,6 +198,8 @@ class Job:
         path = None
         directory = self.checkpoint_dir
         if directory is not None and self.writer is not None:
+            if self._pg is not None:  # what each rank writes for the framework is written
+                self._pg.barrier(group=self._control)
             scratch = checkpoint.scratch(directory, self.step)
             self.writer(scratch)
             if self.rank == 0:

@@ -80,10 +80,9 @@ class GandivaCallback(TrainerCallback):
         if found is None:
             return None
         step, file = found
-        folder = directory / "resume" / f"checkpoint-{step}"
-        if self.job.rank == 0 or not folder.exists():
-            shutil.rmtree(directory / "resume", ignore_errors=True)
-            unpack(file, folder)
+        mine = directory / "resume" / f"rank{self.job.rank}"  # (ranks share the directory)
+        shutil.rmtree(mine, ignore_errors=True)
+        folder = unpack(file, mine / f"checkpoint-{step}")
         self.job.restored(step)
         return str(folder)
 
