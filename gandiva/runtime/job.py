@@ -24,6 +24,14 @@ The data position is the step: a script draws its batch ``step`` from it (see ``
 so that a job restored at step k sees exactly the batches an uninterrupted run sees. The RNG
 states (torch, Python, NumPy) travel in the checkpoint too.
 
+In a gang, the ranks act at the same boundary: they agree through one small all-reduce on a
+CPU-capable group (``distributed``), at most every ``AGREE_EVERY_S``. A script that makes its
+own process group (torchrun style) keeps it: the library adopts it.
+
+Loops that are not ours (Lightning, the HF Trainer: ``gandiva.runtime.integrations``) call
+``started``, ``boundary`` (or ``next_command`` and ``obey``) and ``finish`` from the
+framework's hooks, and checkpoint through the framework's own save (``writer``).
+
 Without an agent (no ``GANDIVA_CONTROL_FD``), the same script runs on its own; it still
 checkpoints to ``GANDIVA_CHECKPOINT_DIR`` and restores from it, if that is set.
 """
