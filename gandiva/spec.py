@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 class JobSpec:
     """One training job as submitted.
 
-    Work is given either as ``mini_batches`` (exact) or as ``duration``: the job's run time alone
-    on its requested GPUs, consolidated, on the trace's reference GPU type. The simulator turns a
-    duration into mini-batches with the performance model.
+    Work is given either as ``mini_batches`` (exact; one GPU's mini-batches, so an N-GPU step is
+    N of them, as Gavel counts steps) or as ``duration``: the job's run time alone on its
+    requested GPUs, consolidated, on the trace's reference GPU type. The simulator turns a
+    duration into mini-batches with the performance model's throughput at that width
+    (``gandiva/traces/FORMAT.md``).
     """
 
     id: str

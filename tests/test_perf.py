@@ -321,6 +321,49 @@ def test_invalid_data_names_the_model_and_field(tmp_path: Path, edit: str, messa
         PerfModel.load(write(tmp_path, broken(edit)))
 
 
+def test_table1_utilisations_say_they_are_derived_not_given() -> None:
+    for model in ("vae", "superresolution", "rhn", "scrnn", "milstm", "lstm", "resnet50",
+                  "resnext50"):
+        u = MODELS["models"][model]["utilization"]
+        assert u["source"] == "gandiva_paper" and u["kind"] == "derived"
+        assert "Not given by the paper" in u["note"]
+
+
+def test_a_sourced_number_must_say_whether_it_is_given_or_derived() -> None:
+    data = copy.deepcopy(MODELS)
+    del data["models"]["vae"]["utilization"]["kind"]
+    with pytest.raises(ValueError, match="models.vae.utilization: 'kind' must be one of"):
+        PerfModel.from_data(data, GAVEL)
+
+
+def test_scaling_is_gavels_consolidated_rows_per_gpu_type(perf: PerfModel) -> None:
+    for worker, gpu in (("v100", "V100"), ("p100", "P100"), ("k80", "K80")):
+        for job in gavel_jobs(4):
+            row = GAVEL[worker].get(str((job, 4)), {}).get("null", 0.0)
+            if row > 0:
+                assert perf.throughput(job, gpu, 4) == pytest.approx(row, rel=1e-12)
+
+
+def test_pollux_scaling_is_one_node_step_times(perf: PerfModel) -> None:
+    entry = MODELS["models"]["cifar10"]
+    for n in (2, 3, 4):
+        speedup = entry["scaling"][str(n)]["value"]
+        assert perf.throughput("cifar10", "T4", n) == pytest.approx(
+            speedup / entry["mini_batch_time"]["T4"]["value"], rel=1e-9)
+
+
+def test_unmeasured_scaling_takes_the_named_default_and_holds_its_widest_efficiency(
+        perf: PerfModel) -> None:
+    default = {int(k): v["value"] for k, v in MODELS["defaults"]["scaling"].items()}
+    step = perf.step_time("vgg16", "V100")
+    for n, speedup in default.items():
+        assert perf.throughput("vgg16", "V100", n) == pytest.approx(speedup / step)
+    widest = max(default)
+    assert perf.throughput("vgg16", "V100", 4 * widest) == pytest.approx(
+        4 * default[widest] / step)
+    assert perf.throughput("vgg16", "V100", 1) == pytest.approx(1 / step)
+
+
 def test_an_alias_must_point_to_a_model() -> None:
     data = copy.deepcopy(MODELS)
     data["aliases"]["resnet-5O"] = "resnet5O"
@@ -334,6 +377,9 @@ def test_every_number_in_models_json_carries_its_source() -> None:
             if "value" in node:
                 assert node.get("source") in {*MODELS["sources"], "estimate"}, where
                 assert node["source"] != "estimate" or node.get("reason"), where
+                if node["source"] != "estimate":
+                    assert node.get("kind") in {"given", "derived"}, where
+                    assert node["kind"] != "derived" or node.get("note"), where
                 return
             for key, child in node.items():
                 walk(child, f"{where}.{key}")

@@ -19,7 +19,7 @@ from gandiva import events as E
 from gandiva.metrics import percentile, summarize
 from gandiva.policies import make_policy
 from gandiva.sim.engine import (
-    FIRST_FEEDBACK_MINI_BATCHES,
+    FIRST_FEEDBACK_STEPS,
     JobRecord,
     SimConfig,
     SimResult,
@@ -205,18 +205,20 @@ def test_crossing_sockets_costs_only_a_job_one_socket_could_hold():
     assert jcts(result) == pytest.approx({"pair": 600 / cross, "whole": 600})
 
 
-def test_first_feedback_is_the_time_to_100_mini_batches():
+def test_first_feedback_is_the_time_to_100_steps_of_the_jobs_loop():
     few = JobSpec("few", 3, 1, MODEL, mini_batches=40)
     trace = (job("a", 0, 1, 1000), job("b", 5, 2, 1000), few)
     result, _ = simulate("1x4", make_policy("fifo"), *trace)
     rec = records(result)
-    assert FIRST_FEEDBACK_MINI_BATCHES == 100
+    assert FIRST_FEEDBACK_STEPS == 100
     assert rec["a"].first_feedback == pytest.approx(100 * STEP)
-    assert rec["b"].first_feedback == pytest.approx(5 + 100 * STEP)
+    # a 2-GPU step is two mini-batches, done at the 2-GPU throughput
+    two = 200 / PERF.throughput(MODEL, "V100", 2)
+    assert rec["b"].first_feedback == pytest.approx(5 + two)
     # a job shorter than 100 mini-batches gives its feedback when it finishes
     assert rec["few"].first_feedback == rec["few"].finish == pytest.approx(3 + 40 * STEP)
     s = summarize(result)
-    assert s["mean_first_feedback_s"] == pytest.approx((200 * STEP + 40 * STEP) / 3)
+    assert s["mean_first_feedback_s"] == pytest.approx((100 * STEP + two + 40 * STEP) / 3)
 
 
 @pytest.mark.parametrize(("fail_at", "lost"), [(700.0, 100.0), (600.0, 0.0), (250.0, 250.0)])
@@ -275,7 +277,9 @@ def test_a_job_packed_with_a_failed_gang_speeds_up_once_alone():
     policy = PackWhenProfiled({"g": (0, 1), "p": (2,)}, {"p": (1,)})
     result, _ = simulate("3x1", policy, job("g", 0, 2, 5000), job("p", 0, 1, 1000),
                          profile_noise=0.0, failures=[(500.0, 0)])
-    t = 20 * STEP  # g spans servers 0 and 1, as few as 1-GPU servers allow: no extra cost
+    # g's first profile comes after 20 steps; it spans servers 0 and 1, as few as 1-GPU servers
+    # allow: no extra cost
+    t = 20 * 2 / PERF.throughput(MODEL, "V100", 2)
     move = PERF.migration_time(CKPT, True)  # p moves from server 2 to server 1
     left = 1000 - t - (500 - t - move) * PACKED
     assert jcts(result)["p"] == pytest.approx(500 + left)
@@ -306,7 +310,9 @@ def profile_samples(noise: float) -> list[tuple[E.ProfileSample, float]]:
     """Every sample the policy saw, with the true mini-batch time at that moment."""
     rec = Recorder(make_policy("fifo"))
     simulate("2x4", rec, *SPREAD_TRACE, profile_noise=noise)
-    truth = {"a": STEP, "b": STEP, "c": STEP, "g": STEP / SPREAD}
+    # one step of the job's loop: N mini-batches at the N-GPU throughput
+    truth = {"a": 2 / PERF.throughput(MODEL, "V100", 2), "b": 3 / PERF.throughput(MODEL, "V100", 3),
+             "c": STEP, "g": 4 / PERF.throughput(MODEL, "V100", 4) / SPREAD}
     return [(s, truth[s.job_id]) for s in rec.samples]
 
 
@@ -318,7 +324,7 @@ def test_profile_samples_reach_the_policy_noisy_but_close_to_the_truth():
         assert abs(s.mini_batch_time / truth - 1) <= 5 * noise, s
         assert s.mini_batch_time != truth
         assert s.memory_gb == pytest.approx(PERF.profile(MODEL).memory_gb, rel=5 * noise)
-        assert s.mini_batches_done >= 19  # measured after a warm-up of 20 mini-batches
+        assert s.mini_batches_done >= 19  # measured after a warm-up of 20 steps
 
 
 def test_profile_samples_without_noise_are_the_truth():

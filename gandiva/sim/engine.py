@@ -20,7 +20,9 @@ from gandiva.sim.perf import PerfModel, default_perf_model
 from gandiva.spec import JobSpec
 from gandiva.state import Cluster
 
-FIRST_FEEDBACK_MINI_BATCHES = 100  # the paper's early-feedback metric: time to 100 mini-batches
+# the paper's early-feedback metric: time to 100 mini-batches, i.e. steps of the job's loop (an
+# N-GPU step is N mini-batches of work)
+FIRST_FEEDBACK_STEPS = 100
 # event order at equal times: finished jobs free their GPUs before newcomers are placed
 _DONE, _FAIL, _ARRIVE, _PRIORITY, _PROFILE, _TICK = range(6)
 
@@ -29,7 +31,7 @@ _DONE, _FAIL, _ARRIVE, _PRIORITY, _PROFILE, _TICK = range(6)
 class SimConfig:
     seed: int = 0
     profile_noise: float = 0.05  # relative std. dev. of profiled mini-batch time, utilisation
-    profile_after: int = 20  # mini-batches measured after a (re)start before a profile sample
+    profile_after: int = 20  # steps measured after a (re)start before a profile sample
     checkpoint_interval: float = 1800.0  # s; a failure loses the work since the last checkpoint
     failures: list[tuple[float, int]] = field(default_factory=list)  # (time, server)
     priority_changes: list[tuple[float, str, int]] = field(default_factory=list)  # (t, job, p)
@@ -49,7 +51,7 @@ class JobRecord:
 
     spec: JobSpec
     model: str
-    work: float  # mini-batches at the requested width
+    work: float  # mini-batches, one GPU's each (Gavel's steps): throughput's unit
     utilization: float  # the model's GPU utilisation alone (the truth, for metrics only)
     solo_time: float  # seconds alone on its requested GPUs, consolidated, fastest GPU type
     done: float = 0.0
@@ -138,14 +140,16 @@ class Simulator:
             self._push(t, _PRIORITY, (jid, priority))
 
     def _record(self, spec: JobSpec, reference_gpu: str) -> JobRecord:
-        model = self.perf.resolve(spec.model)
+        """Work in mini-batches (see gandiva/traces/FORMAT.md): given, or the trace's duration
+        at the job's width on the reference GPU type."""
+        model, n = self.perf.resolve(spec.model), spec.num_gpus
         if spec.mini_batches is not None:
             work = float(spec.mini_batches)
         elif spec.duration is not None:
-            work = max(1.0, spec.duration / self.perf.step_time(model, reference_gpu))
+            work = max(1.0, spec.duration * self.perf.throughput(model, reference_gpu, n))
         else:
             raise ValueError(f"job {spec.id!r}: give duration or mini_batches")
-        solo = work * min(self.perf.step_time(model, t) for t in self._gpu_types)
+        solo = work / max(self.perf.throughput(model, t, n) for t in self._gpu_types)
         return JobRecord(spec, model, work, self.perf.profile(model).utilization, solo)
 
     # ---- the event loop -----------------------------------------------------------------
@@ -239,7 +243,7 @@ class Simulator:
             if now > begin:
                 before = rec.done
                 rec.done = min(rec.work, before + (now - begin) * rec.rate)
-                mark = min(FIRST_FEEDBACK_MINI_BATCHES, rec.work)
+                mark = min(FIRST_FEEDBACK_STEPS * rec.spec.num_gpus, rec.work)
                 if rec.first_feedback is None and before < mark <= rec.done:
                     rec.first_feedback = begin + (mark - before) / rec.rate
         rec.t_last = now
@@ -248,10 +252,10 @@ class Simulator:
         if not rec.gpus:
             return 0.0
         gpus = [self.cluster.gpus[g] for g in rec.gpus]
-        step = max(self.perf.step_time(rec.model, g.type) for g in gpus)
+        # a synchronous job goes at the pace of its slowest GPU type
+        rate = min(self.perf.throughput(rec.model, t, len(gpus)) for t in {g.type for g in gpus})
         servers = {g.node for g in gpus}
         cross_socket = self.cluster.splits_sockets(rec.gpus)
-        rate = len(gpus) / rec.spec.num_gpus / step
         # a trace's duration was measured on the fewest servers that hold the job; only a
         # wider spread than that costs extra
         fewest = -(-len(gpus) // self._biggest_server)
@@ -279,7 +283,7 @@ class Simulator:
                 begin = max(self.now, rec.stall_until)
                 self._push(begin + (rec.work - rec.done) / rec.rate, _DONE, (rec.spec.id,
                                                                                 rec.version))
-                warmup = min(self.config.profile_after / rec.rate, 60.0)
+                warmup = min(self.config.profile_after * len(rec.gpus) / rec.rate, 60.0)
                 self._push(begin + warmup, _PROFILE, (rec.spec.id, rec.version))
 
     def _report(self, rec: JobRecord) -> None:
@@ -300,10 +304,10 @@ class Simulator:
         return E.ProfileSample(
             time=self.now,
             job_id=rec.spec.id,
-            mini_batch_time=jitter / rec.rate,
+            mini_batch_time=jitter * len(rec.gpus) / rec.rate,  # one step of the job's loop
             memory_gb=prof.memory_gb,  # the allocator's peak is exact; timings are noisy
             utilization=min(1.0, prof.utilization * jitter),
-            mini_batches_done=int(rec.done),
+            mini_batches_done=int(rec.done / rec.spec.num_gpus),  # steps of the job's loop
         )
 
     def _on(self, gpus: Iterable[int]) -> list[JobRecord]:

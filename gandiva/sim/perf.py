@@ -30,6 +30,11 @@ memory-bandwidth contention), so a modelled pair is never free. Used where no pa
 
 FAMILIES = frozenset({"cv", "nlp", "speech", "rec", "rl", "gan"})
 
+KINDS = frozenset({"given", "derived"})
+"""What a sourced number is: read off its source as is, or computed from the source's numbers
+by the rule its note states (a ratio, a unit change, an inverse of our packing rule). Estimates
+carry ``"source": "estimate"`` and a reason instead."""
+
 _GAVEL_JOB = re.compile(r"^(?P<base>.+?) \(batch size (?P<batch>\d+)\)$")
 
 
@@ -89,6 +94,32 @@ class _Locality:
         return by_count[num_servers] if num_servers < len(by_count) else by_count[-1]
 
 
+@dataclass(frozen=True, slots=True)
+class _Scaling:
+    """Throughput of n GPUs of one server relative to one GPU, from measured points.
+
+    Between points the parallel efficiency (speedup / n) is interpolated linearly in n; past
+    the widest point it holds. A job wider than a server loses the network hop on top of this
+    (its locality table), so these points are one-server measurements where the source has them.
+    """
+
+    widths: tuple[int, ...]  # 1 first
+    efficiency: tuple[float, ...]
+
+    def speedup(self, n: int) -> float:
+        widths, eff = self.widths, self.efficiency
+        if n >= widths[-1]:
+            return n * eff[-1]
+        i = bisect.bisect_right(widths, n)
+        n0, n1 = widths[i - 1], widths[i]
+        return n * (eff[i - 1] + (eff[i] - eff[i - 1]) * (n - n0) / (n1 - n0))
+
+    @classmethod
+    def of(cls, speedups: Mapping[int, float]) -> _Scaling:
+        widths = (1, *sorted(n for n in speedups if n > 1))
+        return cls(widths, (1.0, *(speedups[n] / n for n in widths[1:])))
+
+
 def _norm(name: str) -> str:
     """Case-, space- and punctuation-insensitive form of a model name."""
     return re.sub(r"[^a-z0-9]", "", name.lower())
@@ -122,6 +153,12 @@ class _Reader:
                 raise ValueError(f"{where}: an estimate needs a 'reason'")
         elif source not in self.sources:
             raise ValueError(f"{where}: unknown source {source!r}")
+        elif entry.get("kind") not in KINDS:
+            raise ValueError(f"{where}: 'kind' must be one of {sorted(KINDS)} (given: read off "
+                             "the source as is; derived: computed from its numbers by the rule "
+                             "in 'note')")
+        elif entry["kind"] == "derived" and not entry.get("note"):
+            raise ValueError(f"{where}: a derived number needs its rule in 'note'")
         if not ((value > 0 or (allow_zero and value == 0)) and value <= high):
             opening = "[" if allow_zero else "("
             raise ValueError(f"{where}: {value!r} is outside {opening}0, {high}]")
@@ -160,6 +197,7 @@ class _Tables:
     profiles: dict[str, ModelProfile]
     measured_times: dict[str, dict[str, float]]
     localities: dict[str, _Locality]
+    scaling: dict[tuple[str, str], _Scaling]  # (model, GPU type); "*" = any type
     aliases: dict[str, str]
     gains: dict[str, float]
     pairs: dict[tuple[str, str, str], tuple[float, float]]
@@ -200,6 +238,8 @@ class PerfModel:
             for gpu in tables.gpu_memory
         }
         self._packed: dict[tuple[str, str, str], tuple[float, float]] = {}
+        self._scaling = tables.scaling
+        self._throughput: dict[tuple[str, str, int], float] = {}
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -275,6 +315,25 @@ class PerfModel:
         """Seconds per mini-batch on one GPU of this type, with the GPU to itself."""
         return self._step[self.resolve(model), self._gpu(gpu_type)]
 
+    def throughput(self, model: str, gpu_type: str, num_gpus: int = 1) -> float:
+        """Mini-batches per second of ``num_gpus`` GPUs of this type in one server, together.
+
+        A mini-batch is one GPU's: an 8-GPU data-parallel job doing one step does 8, as Gavel
+        counts steps. ``throughput(m, g, 1) == 1 / step_time(m, g)``.
+        """
+        key = (model, gpu_type, num_gpus)
+        try:
+            return self._throughput[key]
+        except KeyError:
+            pass
+        if num_gpus < 1:
+            raise ValueError(f"num_gpus must be >= 1, got {num_gpus}")
+        name, gpu = self.resolve(model), self._gpu(gpu_type)
+        scaling = self._scaling.get((name, gpu)) or self._scaling[name, "*"]
+        value = scaling.speedup(num_gpus) / self._step[name, gpu]
+        self._throughput[key] = value
+        return value
+
     def locality(self, model: str, num_servers: int, cross_socket: bool) -> float:
         """Fraction of consolidated throughput kept when a job's GPUs span sockets or servers.
 
@@ -347,12 +406,19 @@ def _build(data: Mapping[str, Any], gavel: Mapping[str, Any] | None) -> _Tables:
     read = _Reader(data.get("sources"))
     gpu_memory, gpu_speed = _gpu_types(read, _field(data, "gpu_types", "models.json"))
     defaults = _defaults(read, data.get("defaults", {}))
+    default_scaling = _speedups(read, _field(data.get("defaults", {}), "scaling", "defaults"),
+                                "defaults.scaling")
     profiles: dict[str, ModelProfile] = {}
     times: dict[str, dict[str, float]] = {}
     localities: dict[str, _Locality] = {}
+    scaling: dict[tuple[str, str], _Scaling] = {}
     for name, entry in _field(data, "models", "models.json").items():
         profiles[name], times[name], localities[name] = _model(read, name, entry, gpu_speed,
                                                                defaults)
+        own = entry.get("scaling")
+        speedups = (default_scaling if own is None
+                    else _speedups(read, own, f"models.{name}.scaling"))
+        scaling[name, "*"] = _Scaling.of(speedups)
     pairs: dict[tuple[str, str, str], tuple[float, float]] = {}
     packing_tables: dict[str, str] = {}
     if gavel is not None:
@@ -361,14 +427,15 @@ def _build(data: Mapping[str, Any], gavel: Mapping[str, Any] | None) -> _Tables:
         for gpu in packing_tables:
             if gpu not in gpu_speed:
                 raise ValueError(f"gavel_models.packing_tables: unknown GPU type {gpu!r}")
-        _gavel(read, spec, gavel, gpu_speed, defaults, profiles, times, localities, pairs)
+        _gavel(read, spec, gavel, gpu_speed, defaults, profiles, times, localities, pairs,
+               scaling, default_scaling)
     aliases = _aliases(data.get("aliases", {}), profiles)
     gains = _gains(read, data.get("packing", {}), profiles)
     costs = _field(data, "costs", "models.json")
     suspend = _field(costs, "suspend_resume", "costs")
     return _Tables(
         gpu_memory=gpu_memory, gpu_speed=gpu_speed, profiles=profiles, measured_times=times,
-        localities=localities, aliases=aliases, gains=gains, pairs=pairs,
+        localities=localities, scaling=scaling, aliases=aliases, gains=gains, pairs=pairs,
         packing_tables=packing_tables,
         migration_intra=_points(read, costs, "migration_intra_server"),
         migration_across=_points(read, costs, "migration_across_servers"),
@@ -388,6 +455,19 @@ def _gpu_types(read: _Reader, entries: Any) -> tuple[dict[str, float], dict[str,
         memory[gpu] = read.num(_field(entry, "memory_gb", where), f"{where}.memory_gb")
         speed[gpu] = read.num(_field(entry, "relative_speed", where), f"{where}.relative_speed")
     return memory, speed
+
+
+def _speedups(read: _Reader, entry: Any, where: str) -> dict[int, float]:
+    """{GPU count >= 2: speedup over one GPU}. Measured speedups may exceed the count (Gavel's
+    ResNet-18 rows, Pollux's BERT at 2 GPUs: a smaller per-GPU share of the input pipeline)."""
+    if not isinstance(entry, dict) or not entry:
+        raise ValueError(f"{where}: must be a non-empty object of GPU count -> speedup")
+    out = {}
+    for key, value in entry.items():
+        if not str(key).isdigit() or int(key) < 2:
+            raise ValueError(f"{where}: key {key!r} must be a GPU count >= 2")
+        out[int(key)] = read.num(value, f"{where}.{key}")
+    return out
 
 
 def _defaults(read: _Reader, defaults: Any) -> dict[str, _Locality]:
@@ -455,7 +535,9 @@ def _model(read: _Reader, name: str, entry: Any, gpu_speed: dict[str, float],
 def _gavel(read: _Reader, spec: Any, table: Mapping[str, Any], gpu_speed: dict[str, float],
            defaults: dict[str, _Locality], profiles: dict[str, ModelProfile],
            times: dict[str, dict[str, float]], localities: dict[str, _Locality],
-           pairs: dict[tuple[str, str, str], tuple[float, float]]) -> None:
+           pairs: dict[tuple[str, str, str], tuple[float, float]],
+           scaling: dict[tuple[str, str], _Scaling],
+           default_scaling: dict[int, float]) -> None:
     """Adds one model per Gavel job type, and the measured packed pairs, from Gavel's table."""
     worker_types: dict[str, str] = _field(spec, "worker_types", "gavel_models")
     reference = _field(spec, "reference_table", "gavel_models")
@@ -471,6 +553,10 @@ def _gavel(read: _Reader, spec: Any, table: Mapping[str, Any], gpu_speed: dict[s
         times[job] = _gavel_times(job, worker_types, isolated)
         profiles[job], localities[job] = _gavel_profile(read, spec, job, table, isolated,
                                                         defaults)
+        for worker, gpu in worker_types.items():
+            scaling[job, gpu] = _Scaling.of(
+                _gavel_speedups(job, isolated[worker], isolated[reference]) or default_scaling)
+        scaling[job, "*"] = scaling[job, worker_types[reference]]
     for worker in packing_workers:
         _pairs_of(table[worker], worker, isolated[worker].get(1, {}), pairs)
 
@@ -485,6 +571,23 @@ def _gavel_times(job: str, worker_types: dict[str, str],
                              "steps/s > 0")
         times[gpu] = 1.0 / steps
     return times
+
+
+def _gavel_speedups(job: str, rows: dict[int, dict[str, float]],
+                    reference: dict[int, dict[str, float]]) -> dict[int, float]:
+    """Gavel's consolidated steps/s at each scale factor over its steps/s at 1, on this worker
+    type; the reference type's ratio where this type has no row (K80 lacks two job types).
+    Empty for the job types Gavel measured on one GPU only (A3C, CycleGAN, Recommendation)."""
+    speedups = {}
+    for n in sorted(set(rows) | set(reference)):
+        if n <= 1:
+            continue
+        own, own_1 = rows.get(n, {}).get(job, 0.0), rows[1].get(job, 0.0)
+        if own > 0 and own_1 > 0:
+            speedups[n] = own / own_1
+        elif reference.get(n, {}).get(job, 0.0) > 0:
+            speedups[n] = reference[n][job] / reference[1][job]
+    return speedups
 
 
 def _gavel_profile(read: _Reader, spec: Any, job: str, table: Mapping[str, Any],
