@@ -56,8 +56,9 @@ def main() -> None:
     trainer = Trainer(model=model, args=training,
                       train_dataset=Sequences(args.examples, args.seed))
     hf.train(trainer)
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     print(f"done: {trainer.state.global_step} steps, "
-          f"last loss {trainer.state.log_history[-2].get('loss', float('nan')):.4f}")
+          f"last loss {losses[-1] if losses else float('nan'):.4f}")
 
 
 if __name__ == "__main__":

@@ -87,7 +87,9 @@ def main() -> None:
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, deterministic=True)
     trainer.fit(model, Batches(args.batches, args.batch, args.seed))
-    print(f"done: {trainer.global_step} steps, last loss {trainer.callback_metrics['loss']:.5f}")
+    # no loss when fit() resumed from a checkpoint taken after the last step: nothing left to run
+    loss = trainer.callback_metrics.get("loss", float("nan"))
+    print(f"done: {trainer.global_step} steps, last loss {loss:.5f}")
 
 
 if __name__ == "__main__":

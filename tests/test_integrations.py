@@ -58,10 +58,11 @@ def assert_same_training(a: dict, b: dict, keys: tuple[str, ...]) -> None:
                 assert fa[k] == fb[k], f"{key}.{k} differs"
 
 
-def run_under_gandiva(tmp: Path, launches: dict[str, Launch], crash: str, spec_model: str):
+def run_under_gandiva(tmp: Path, launches: dict[str, Launch], crash: str, spec_model: str,
+                      last_step: int):
     """Run ``launches`` (more jobs than the 2 slots) under ``gandiva:quantum=1``, with
-    periodic checkpoints; kill job ``crash``'s process once it has checkpointed, so it
-    restarts from that checkpoint. The backend's result."""
+    periodic checkpoints; kill job ``crash``'s process once it has checkpointed before its
+    ``last_step``, so it restarts from that checkpoint with work left. The backend's result."""
     from gandiva import actions as A
     from gandiva.policies import make_policy
     from gandiva.runtime.local import LocalBackend
@@ -78,8 +79,9 @@ def run_under_gandiva(tmp: Path, launches: dict[str, Launch], crash: str, spec_m
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not killed:
             job = backend.agent.jobs.get(crash)
-            if (job and job.ranks and job.aware and not job.suspended
-                    and checkpoint.steps(directory)):
+            steps = checkpoint.steps(directory)
+            if (job and job.ranks and job.aware and not job.suspended and steps
+                    and max(steps) < last_step):
                 killed.append(job.ranks[0].proc.pid)
                 os.kill(job.ranks[0].proc.pid, signal.SIGKILL)
             time.sleep(0.2)
@@ -183,7 +185,7 @@ def test_unmodified_lightning_script_time_sliced_restarted_ends_bit_identical(tm
     runs = {f"l{i}": ["--epochs", "3", "--batches", "120", "--seed", str(i)] for i in range(3)}
     backend, result = run_under_gandiva(
         tmp_path, {j: Launch(["{python}", script, *a]) for j, a in runs.items()},
-        crash="l0", spec_model="mlp")
+        crash="l0", spec_model="mlp", last_step=360)
     refs = standalone_all(tmp_path, {j: [sys.executable, script, *a] for j, a in runs.items()})
     for jid, ref in refs.items():
         final = checkpoint.latest(backend.agent.checkpoint_dir(jid))[1]
@@ -217,7 +219,7 @@ def test_hf_trainer_script_time_sliced_restarted_ends_bit_identical(tmp_path):
     runs = {f"h{i}": ["--max-steps", "400", "--seed", str(i)] for i in range(3)}
     backend, result = run_under_gandiva(
         tmp_path, {j: Launch(["{python}", script, *a]) for j, a in runs.items()},
-        crash="h0", spec_model="bert")
+        crash="h0", spec_model="bert", last_step=400)
     refs = standalone_all(tmp_path, {j: [sys.executable, script, *a] for j, a in runs.items()})
     for jid, ref_state in refs.items():
         ref = hf_training(ref_state)

@@ -55,7 +55,8 @@ def test_a_gavel_scale_without_a_row_keeps_the_widest_rows_efficiency(scale):
     rows = GAVEL["v100"]
     one, eight = rows[str((job_type, 1))]["null"], rows[str((job_type, 8))]["null"]
     if scale == 3:  # between 2 and 4: efficiency interpolated
-        e2, e4 = rows[str((job_type, 2))]["null"] / one / 2, rows[str((job_type, 4))]["null"] / one / 4
+        e2 = rows[str((job_type, 2))]["null"] / one / 2
+        e4 = rows[str((job_type, 4))]["null"] / one / 4
         expected = 3 * one * (e2 + e4) / 2
     else:
         expected = scale * eight / 8

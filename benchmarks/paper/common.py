@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -16,15 +18,20 @@ from gandiva.spec import Trace
 
 DIFF_FLAG = 0.20  # differences from the paper beyond this are flagged and explained
 
-console = Console(width=160)  # wide tables: notes explain differences in full
+console = Console(width=160, record=True)  # wide tables: notes explain differences in full
+RESULTS = Path(__file__).parents[1] / "results"
 
 
 def run_policies(trace: Trace, policies: dict[str, str], cluster: str,
-                 config: SimConfig | None = None) -> dict[str, dict[str, Any]]:
+                 config: SimConfig | None = None,
+                 keep: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Summaries per policy label; the full results too, into ``keep``, if given."""
     out = {}
     for label, spec in policies.items():
         t0 = time.perf_counter()
         result = simulate(trace, spec, cluster=cluster, config=config)
+        if keep is not None:
+            keep[label] = result
         out[label] = summarize(result) | {"wall_s": round(time.perf_counter() - t0, 1),
                                           "counts": result.counts}
     return out
@@ -51,4 +58,11 @@ def compare(title: str, rows: list[tuple[str, float | None, float, str]],
 
 
 def emit(name: str, data: dict[str, Any]) -> None:
-    print(json.dumps({"benchmark": name, **data}, default=str))
+    """Print the JSON line, and keep this run: benchmarks/results/<name>-<date>.{txt,json} (the
+    tables as printed, and the JSON), so the README's claims point at a file."""
+    line = json.dumps({"benchmark": name, **data}, default=str)
+    print(line)
+    stem = RESULTS / f"{name}-{datetime.date.today().isoformat()}"
+    RESULTS.mkdir(exist_ok=True)
+    stem.with_suffix(".txt").write_text(console.export_text(), encoding="utf-8")
+    stem.with_suffix(".json").write_text(line + "\n", encoding="utf-8")
