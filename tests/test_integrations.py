@@ -69,7 +69,7 @@ def run_under_gandiva(tmp: Path, launches: dict[str, Launch], crash: str, spec_m
     from gandiva.spec import JobSpec
 
     backend = LocalBackend(make_policy("gandiva:quantum=1:-pack"), tmp / "run", slots=2,
-                           checkpoint_every_s=2.0, feedback_steps=10)
+                           checkpoint_every_s=0.5, feedback_steps=10)
     for jid, launch in launches.items():
         backend.submit(JobSpec(jid, 0.0, 1, spec_model), launch)
     killed: list[int] = []
@@ -84,7 +84,7 @@ def run_under_gandiva(tmp: Path, launches: dict[str, Launch], crash: str, spec_m
                     and max(steps) < last_step):
                 killed.append(job.ranks[0].proc.pid)
                 os.kill(job.ranks[0].proc.pid, signal.SIGKILL)
-            time.sleep(0.2)
+            time.sleep(0.05)  # a few hundred mini-batches take about a second of running
 
     killer = threading.Thread(target=kill_once_checkpointed, daemon=True)
     killer.start()
