@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import tempfile
@@ -251,27 +252,79 @@ def demo(
 DEFAULT_HOME = Path("gandiva-home")  # the server's work directory: database, jobs, users
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: what log collectors (Loki, CloudWatch, ...) parse."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+                 "level": record.levelname.lower(), "logger": record.name,
+                 "message": record.getMessage()}
+        if record.exc_info:
+            entry["error"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def log_config(level: str, as_json: bool) -> dict[str, Any]:
+    """logging.dictConfig for the server and uvicorn (its access log included)."""
+    formatter = ({"()": JsonLogFormatter} if as_json else
+                 {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"})
+    handler = {"class": "logging.StreamHandler", "formatter": "main",
+               "stream": "ext://sys.stderr"}
+    loggers = {name: {"handlers": ["main"], "level": level.upper(), "propagate": False}
+               for name in ("gandiva", "uvicorn", "uvicorn.error", "uvicorn.access")}
+    return {"version": 1, "disable_existing_loggers": False, "formatters": {"main": formatter},
+            "handlers": {"main": handler}, "loggers": loggers}
+
+
+def _env(name: str) -> dict[str, Any]:
+    """Every server flag can come from the environment: GANDIVA_<FLAG> (e.g. GANDIVA_DB,
+    which keeps a database password out of ``ps``)."""
+    return {"envvar": f"GANDIVA_{name}", "show_envvar": True}
+
+
 @app.command()
 def server(
     home: Annotated[Path, typer.Option(help="Work directory: the database (unless --db), "
-                                       "job logs and checkpoints, users' base directories")]
-    = DEFAULT_HOME,
+                                       "job logs and checkpoints, users' base directories",
+                                       **_env("HOME"))] = DEFAULT_HOME,
     db: Annotated[str | None, typer.Option(help="Database URL or SQLite path (default: "
-                                           "HOME/gandiva.db)")] = None,
+                                           "HOME/gandiva.db)", **_env("DB"))] = None,
     host: Annotated[str, typer.Option(help="Address to bind; loopback unless told "
-                                      "otherwise")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port")] = 8080,
-    policy: Annotated[str, typer.Option(help="Scheduling policy")] = "gandiva",
-    slots: Annotated[int | None, typer.Option(help="Devices to use (default: all)")] = None,
+                                      "otherwise", **_env("HOST"))] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port", **_env("PORT"))] = 8080,
+    policy: Annotated[str, typer.Option(help="Scheduling policy", **_env("POLICY"))]
+    = "gandiva",
+    slots: Annotated[int | None, typer.Option(help="Devices to use (default: all)",
+                                              **_env("SLOTS"))] = None,
     checkpoint_every: Annotated[float, typer.Option(help="Seconds between a job's periodic "
-                                                    "checkpoints (bounds what a crash loses)")]
-    = 300.0,
+                                                    "checkpoints (bounds what a crash loses)",
+                                                    **_env("CHECKPOINT_EVERY"))] = 300.0,
     backend: Annotated[str, typer.Option(help="local: this machine's devices; ray: every "
-                                         "Ray node with GPUs")] = "local",
+                                         "Ray node with GPUs", **_env("BACKEND"))] = "local",
     ray_address: Annotated[str | None, typer.Option(help="The Ray cluster to join (default: "
-                                                    "RAY_ADDRESS, else a local one)")] = None,
+                                                    "RAY_ADDRESS, else a local one)",
+                                                    **_env("RAY_ADDRESS"))] = None,
+    drain: Annotated[float, typer.Option(help="On SIGTERM, seconds to wait for every job "
+                                         "to checkpoint at its next mini-batch before "
+                                         "stopping it (an upgrade loses no work)",
+                                         **_env("DRAIN"))] = 60.0,
+    max_body_bytes: Annotated[int, typer.Option(help="Largest request body (413 beyond)",
+                                                **_env("MAX_BODY_BYTES"))] = 1024 * 1024,
+    max_unfinished_per_user: Annotated[int, typer.Option(
+        help="Most jobs a user may have not yet finished (429 beyond)",
+        **_env("MAX_UNFINISHED_PER_USER"))] = 10_000,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error",
+                                           **_env("LOG_LEVEL"))] = "info",
+    log_json: Annotated[bool, typer.Option(help="Log one JSON object per line",
+                                           **_env("LOG_JSON"))] = False,
+    access_log: Annotated[bool, typer.Option(help="Log every request",
+                                             **_env("ACCESS_LOG"))] = True,
 ) -> None:
     """Run the scheduler as a service: the REST API over a persistent store."""
+    import logging.config
     import threading
 
     import uvicorn
@@ -281,6 +334,10 @@ def server(
     from gandiva.server.app import Service, create_app
     from gandiva.server.store import Store
 
+    if log_level.lower() not in LOG_LEVELS:
+        raise fail(f"--log-level {log_level!r}: use one of {', '.join(LOG_LEVELS)}")
+    config = log_config(log_level, log_json)
+    logging.config.dictConfig(config)
     try:
         pol = make_policy(policy)
     except ValueError as e:
@@ -303,20 +360,27 @@ def server(
             raise fail(f"ray: {e}") from None
     loop_backend = LocalBackend(pol, home / "run", slots=slots,
                                 checkpoint_every_s=checkpoint_every, nodes=nodes)
-    service = Service(store, loop_backend, home)
+    service = Service(store, loop_backend, home,
+                      max_unfinished_per_user=max_unfinished_per_user)
     again = service.resume_unfinished()
+    log = logging.getLogger("gandiva.server")
     if again:
-        err.print(f"taking up {again} unfinished jobs from their last checkpoints")
+        log.info("taking up %d unfinished jobs from their last checkpoints", again)
     loop = threading.Thread(target=loop_backend.run, kwargs={"until_idle": False},
                             name="gandiva-scheduler", daemon=True)
     loop.start()
-    err.print(f"gandiva server on http://{host}:{port} ({policy}, devices: "
-              f"{', '.join(loop_backend.devices)}, store: {store.url})")
+    log.info("gandiva server on http://%s:%d (%s, devices: %s, store: %s)", host, port, policy,
+             ", ".join(loop_backend.devices), store.engine.url.render_as_string())
     try:
-        uvicorn.run(create_app(service), host=host, port=port, log_level="warning")
+        # uvicorn stops serving on SIGTERM or SIGINT; then the jobs are drained below
+        uvicorn.run(create_app(service, max_body_bytes=max_body_bytes), host=host, port=port,
+                    log_config=config, log_level=log_level.lower(), access_log=access_log)
     finally:
-        loop_backend.stop()
-        loop.join(timeout=30)
+        log.info("stopping: checkpointing every job at its next mini-batch (at most %g s)",
+                 drain)
+        loop_backend.stop(drain_s=drain)
+        loop.join(timeout=drain + 30)
+        log.info("stopped")
 
 
 user_app = typer.Typer(help="Manage users and their tokens.", no_args_is_help=True)
@@ -374,7 +438,7 @@ def policies() -> None:
         console.print(f"  [dim]{doc.strip().splitlines()[0]}[/]")
 
 
-cli_jobs.register(app)  # submit, jobs, show, logs, cancel, ...: the client of a server
+cli_jobs.register(app, user_app)  # submit, jobs, show, logs, cancel, ...: a server's client
 
 if __name__ == "__main__":
     app()

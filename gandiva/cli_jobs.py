@@ -3,6 +3,7 @@ explain/cluster/login``. Each command is one or two API calls and a rich table."
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +25,9 @@ Url = Annotated[str | None, typer.Option("--url", help="Server URL (else GANDIVA
 Token = Annotated[str | None, typer.Option("--token", help="Your token (else GANDIVA_TOKEN, "
                                            "the config file)")]
 JobId = Annotated[str, typer.Argument(help="The job's id (as `gandiva jobs` lists it)")]
+Json = Annotated[bool, typer.Option("--json", help="Print JSON (for scripts), not a table")]
+Labels = Annotated[list[str] | None, typer.Option(
+    "--label", "-l", help="key=value: only jobs with this label (repeat for several)")]
 STATE_STYLE = {"running": "green", "suspended": "yellow", "held": "magenta", "queued": "cyan",
                "done": "dim", "failed": "red", "cancelled": "dim"}
 
@@ -67,8 +71,23 @@ def _show(job: dict[str, Any]) -> None:
     console.print(t)
 
 
-def register(app: typer.Typer) -> None:
-    """Add the client commands to the ``gandiva`` command line."""
+def _labels(items: list[str] | None) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise _fail(f"--label {item!r}: give key=value, e.g. --label sweep=lr")
+        out[key] = value
+    return out
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def register(app: typer.Typer, user_app: typer.Typer) -> None:
+    """Add the client commands to the ``gandiva`` command line, and the user commands that
+    go through a running server (so a revoked token stops working at once)."""
 
     def run(call):
         try:
@@ -89,8 +108,9 @@ def register(app: typer.Typer) -> None:
     def submit(spec: Annotated[Path, typer.Argument(help="Job spec, YAML or JSON")],
                url: Url = None, token: Token = None,
                follow: Annotated[bool, typer.Option("--follow", "-f",
-                                                    help="Then follow its log")] = False
-               ) -> None:
+                                                    help="Then follow its log; exit 1 if the "
+                                                         "job fails or is cancelled")] = False,
+               as_json: Json = False) -> None:
         """Submit a job; prints its id."""
         if not spec.exists():
             raise _fail(f"{spec}: no such file")
@@ -100,22 +120,43 @@ def register(app: typer.Typer) -> None:
             raise _fail(str(e)) from None
         client = run(lambda: _client(url, token))
         job = run(lambda: client.submit(req.model_dump(mode="json")))
-        console.print(job["id"])
+        if as_json:
+            _print_json(job)
+        else:
+            console.print(job["id"])
         if follow:
-            _follow(client, job["id"], tail=200, rank=0)
+            run(lambda: _follow(client, job["id"], tail=200, rank=0))
+            final = run(lambda: client.job(job["id"]))
+            if final["state"] != "done":
+                err.print(f"{final['id']}: {final['state']}"
+                          f"{': ' + final['reason'] if final['reason'] else ''}")
+                raise typer.Exit(1)
 
     @app.command()
     def jobs(url: Url = None, token: Token = None,
              state: Annotated[str | None, typer.Option(help="Only these states, e.g. "
-                                                       "queued,running")] = None) -> None:
-        """List your jobs (an admin: everyone's)."""
-        console.print(_jobs_table(run(lambda: _client(url, token).jobs(state))))
+                                                       "queued,running")] = None,
+             label: Labels = None,
+             limit: Annotated[int | None, typer.Option(help="At most this many, newest "
+                                                       "first (default: all)")] = None,
+             as_json: Json = False) -> None:
+        """List your jobs (an admin: everyone's), newest first."""
+        found = run(lambda: _client(url, token).jobs(state, _labels(label), limit))
+        if as_json:
+            _print_json(found)
+        else:
+            console.print(_jobs_table(found))
 
     @app.command()
-    def show(job_id: JobId, url: Url = None, token: Token = None) -> None:
+    def show(job_id: JobId, url: Url = None, token: Token = None, as_json: Json = False
+             ) -> None:
         """A job's details and its events."""
         client = run(lambda: _client(url, token))
-        _show(run(lambda: client.job(job_id)))
+        job = run(lambda: client.job(job_id))
+        if as_json:
+            _print_json({**job, "events": run(lambda: client.events(job_id))})
+            return
+        _show(job)
         t = Table(box=None, header_style="bold", title="events", title_justify="left")
         for col in ("AT", "EVENT", "DETAIL"):
             t.add_column(col)
@@ -143,15 +184,32 @@ def register(app: typer.Typer) -> None:
             console.out(run(lambda: client.logs(job_id, tail, rank)), end="", highlight=False)
 
     def verb(name: str, doc: str) -> None:
-        def command(job_id: JobId, url: Url = None, token: Token = None) -> None:
-            job = run(lambda: _client(url, token).act(job_id, name))
-            console.print(f"{job['id']}: {_state(job['state'])}")
+        def command(job_ids: Annotated[list[str] | None, typer.Argument(
+                        help="Job ids (as `gandiva jobs` lists them)")] = None,
+                    label: Labels = None, url: Url = None, token: Token = None) -> None:
+            client = run(lambda: _client(url, token))
+            ids = list(job_ids or [])
+            if label:  # every unfinished job with these labels
+                ids += [j["id"] for j in run(lambda: client.jobs(None, _labels(label)))
+                        if j["state"] not in ("done", "failed", "cancelled")]
+            if not job_ids and not label:
+                raise _fail(f"name the jobs to {name}: ids, or --label key=value")
+            failed = 0
+            for job_id in dict.fromkeys(ids):
+                try:
+                    job = client.act(job_id, name)
+                    console.print(f"{job['id']}: {_state(job['state'])}")
+                except ClientError as e:
+                    err.print(f"{escape(job_id)}: {escape(str(e))}")
+                    failed += 1
+            if failed:
+                raise typer.Exit(1)
         command.__doc__ = doc
         app.command(name)(command)
 
-    verb("cancel", "Cancel a job; its processes are stopped.")
-    verb("suspend", "Hold a job: it checkpoints and gives up its devices until resumed.")
-    verb("resume", "Give a held job back to the scheduler; it continues from its checkpoint.")
+    verb("cancel", "Cancel jobs (ids, or --label); their processes are stopped.")
+    verb("suspend", "Hold jobs: each checkpoints and gives up its devices until resumed.")
+    verb("resume", "Give held jobs back to the scheduler; each continues from its checkpoint.")
 
     @app.command()
     def priority(job_id: JobId, value: Annotated[int, typer.Argument(help="-100..100; higher "
@@ -171,6 +229,35 @@ def register(app: typer.Typer) -> None:
             console.print(f"place in line: {why['queue_position']}")
         if why["needs"]:
             console.print(f"to start it needs: {escape(why['needs'])}")
+
+    @user_app.command("list")
+    def user_list(url: Url = None, token: Token = None, as_json: Json = False) -> None:
+        """Every user and whether their token works (admins, through the server)."""
+        users = run(lambda: _client(url, token).users())
+        if as_json:
+            _print_json(users)
+            return
+        t = Table(box=None, header_style="bold")
+        for col in ("NAME", "ADMIN", "CREATED", "TOKEN"):
+            t.add_column(col)
+        for u in users:
+            t.add_row(escape(u["name"]), "yes" if u["admin"] else "",
+                      _when(u["created_at"]),
+                      f"revoked {_when(u['revoked_at'])}" if u["revoked_at"] else "active")
+        console.print(t)
+
+    @user_app.command("revoke")
+    def user_revoke(name: Annotated[str, typer.Argument(help="User name")],
+                    url: Url = None, token: Token = None) -> None:
+        """Stop a user's token at once (admins); their jobs go on."""
+        run(lambda: _client(url, token).user_action(name, "revoke"))
+        console.print(f"{escape(name)}: token revoked")
+
+    @user_app.command("rotate")
+    def user_rotate(name: Annotated[str, typer.Argument(help="User name")],
+                    url: Url = None, token: Token = None) -> None:
+        """Give a user a new token (printed once); the old one stops at once (admins)."""
+        print(run(lambda: _client(url, token).user_action(name, "rotate"))["token"])
 
     @app.command()
     def cluster(url: Url = None, token: Token = None,

@@ -121,8 +121,29 @@ class Client:
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self.request("POST", "/v1/jobs", json=spec)
 
-    def jobs(self, state: str | None = None) -> list[dict[str, Any]]:
-        return self.request("GET", "/v1/jobs", params={"state": state} if state else None)
+    def jobs(self, state: str | None = None, labels: dict[str, str] | None = None,
+             limit: int | None = None) -> list[dict[str, Any]]:
+        """Newest first: every page (following the ``Link: rel="next"`` header) until
+        ``limit`` jobs, if given."""
+        params: list[tuple[str, str]] = [("state", state)] if state else []
+        params += [("label", f"{k}={v}") for k, v in (labels or {}).items()]
+        out: list[dict[str, Any]] = []
+        path: str | None = "/v1/jobs"
+        while path is not None and (limit is None or len(out) < limit):
+            try:
+                r = self.http.get(path, params=params)
+            except httpx2.TransportError as e:
+                raise ClientError(f"cannot reach the server at {self.url} ({e})") from None
+            self._check(r)
+            out += r.json()
+            path, params = r.links.get("next", {}).get("url"), []
+        return out if limit is None else out[:limit]
+
+    def users(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/v1/users")
+
+    def user_action(self, name: str, verb: str) -> dict[str, Any]:
+        return self.request("POST", f"/v1/users/{name}/{verb}")
 
     def job(self, job_id: str) -> dict[str, Any]:
         return self.request("GET", f"/v1/jobs/{job_id}")

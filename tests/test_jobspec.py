@@ -38,7 +38,7 @@ def test_json_spec_and_defaults():
     ("name: x\ncommand: [a]\nworkdir: a/../../b", "workdir", "relative, without '..'"),
     ("name: x\ncommand: [a]\nenv: {RANK: '3'}", "env", "set by gandiva"),
     ("name: x\ncommand: [a]\nenv: {'A-B': '3'}", "env", "not a valid environment"),
-    ("name: x\ncommand: [a]\ntime_limit: soon", "time_limit", "number with s, m, h or d"),
+    ("name: x\ncommand: [a]\ntime_limit: soon", "time_limit", "HH:MM:SS"),
     ("name: x\ncommand: [a]\nelastic: {min: 3, max: 2}\ngpus: 2", "elastic", "more than max"),
     ("name: x\ncommand: [a]\nelastic: {min: 1, max: 2}\ngpus: 4", "(spec)", "within elastic"),
     ("name: x\ncommand: [a]\ngpu: 2", "gpu", "Extra inputs are not permitted"),

@@ -83,6 +83,7 @@ SNAPSHOT_EVERY_S = 0.2  # under load, explain, the cluster view and metrics read
 SAMPLE_EVERY_S = 1.0  # utilisation samples
 SAMPLES_KEPT = 86_400  # a day of them
 PROFILE_EVERY_S = 60.0  # a job's profile summary is reported (and stored) this often
+LOOP_STALL_S = 120.0  # twice the agent's ACK_TIMEOUT_S: a loop silent longer is stuck
 
 
 class Observer:
@@ -156,6 +157,8 @@ class LocalBackend:
         self.observer = Observer()
         self._lock = threading.Lock()  # submit may come from other threads while run() runs
         self._stopping = False
+        self._drain_s = 0.0
+        self._beat: float | None = None  # when the loop last went round (None: not running)
         self._requests: list[tuple[str, str, object]] = []  # (what, job, argument) from users
         self.samples: deque[tuple[float, int, float]] = deque(maxlen=SAMPLES_KEPT)
         self._next_sample = 0.0
@@ -266,10 +269,35 @@ class LocalBackend:
             rec.ran += self.now() - rec.running_since
             rec.running_since = None
 
-    def stop(self) -> None:
-        """Make ``run`` return at its next step (jobs still running are stopped)."""
+    def alive(self) -> bool:
+        """Whether ``run`` is going round: it waits at most 0.5 s a step, and an action may
+        wait for a job's mini-batch boundary (the agent's ACK_TIMEOUT_S), so a loop silent
+        for longer than LOOP_STALL_S is stuck."""
+        return self._beat is not None and time.monotonic() - self._beat < LOOP_STALL_S
+
+    def stop(self, drain_s: float = 0.0) -> None:
+        """Make ``run`` return at its next step. With ``drain_s`` (a server stopping for an
+        upgrade), it first has every job that has processes checkpoint at its next
+        mini-batch boundary and stop, all at once, waiting at most ``drain_s`` in all; a job
+        that does not make it (no job library, a mini-batch longer than that) is stopped by
+        signal as before, losing the work since its last checkpoint. A restarted server
+        resumes the others from the step they stopped at."""
+        self._drain_s = drain_s
         self._stopping = True
         self.agent.events.put(AgentEvent("wake", ""))
+
+    def _drain(self, budget_s: float) -> None:
+        live = [rec for rec in self.records.values()
+                if rec.status not in TERMINAL and rec.spec.id in self.agent.jobs]
+        parkers = [threading.Thread(target=self.agent.park, args=(rec.spec.id,), daemon=True,
+                                    name=f"drain-{rec.spec.id}") for rec in live]
+        for t in parkers:
+            t.start()
+        deadline = time.monotonic() + budget_s
+        for t in parkers:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        for rec, t in zip(live, parkers, strict=True):
+            self._set(rec, "stopped-for-shutdown" if not t.is_alive() else "shutdown-timeout")
 
     def _set(self, rec: JobRecord, what: str, status: str | None = None) -> None:
         if status is not None:
@@ -289,10 +317,14 @@ class LocalBackend:
         self.t0 = time.monotonic()
         try:
             while not self._stopping and (not until_idle or self._unfinished()):
+                self._beat = time.monotonic()
                 if timeout is not None and self.now() > timeout:
                     raise TimeoutError(f"jobs still running after {timeout:.0f} s")
                 self._step()
+            if self._drain_s > 0:
+                self._drain(self._drain_s)
         finally:
+            self._beat = None
             self.agent.close()
         self._close_segments()
         return LocalResult(self.policy.name, self.devices, list(self.records.values()),

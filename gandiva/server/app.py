@@ -18,13 +18,17 @@ hostile code needs per-user OS accounts or containers, which this server does no
 """
 
 import asyncio
+import collections
+import json
 import logging
 import math
 import shlex
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -42,7 +46,8 @@ from fastapi.routing import APIRoute
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gandiva.runtime.agent import Launch
@@ -56,6 +61,12 @@ DASHBOARD = Path(__file__).parent / "dashboard"
 FOLLOW_POLL_S = 0.25  # how often a followed log or event stream looks for more
 EVENT_ID_MAX = 2**31 - 1  # events.id is a 32-bit INTEGER (on PostgreSQL)
 PERSIST_TRIES = 8  # a database that went away gets about 25 s to come back
+# Limits a platform team can change (``gandiva server --max-body-bytes`` ...); each refusal
+# names its limit. A body is refused by its Content-Length before it is read, or as soon as
+# a chunked one passes the limit: the server never holds more than this of one request.
+MAX_BODY_BYTES = 1024 * 1024
+MAX_UNFINISHED_PER_USER = 10_000  # a user's jobs not yet done, failed or cancelled
+PAGE_DEFAULT, PAGE_MAX = 100, 1000  # jobs per page of GET /v1/jobs
 log = logging.getLogger("gandiva.server")
 
 
@@ -72,6 +83,8 @@ class JobView(BaseModel):
     submitted_at: float
     started_at: float | None
     finished_at: float | None
+    labels: dict[str, str] = {}
+    submission_id: str | None = None
 
 
 class EventView(BaseModel):
@@ -119,14 +132,67 @@ def last_event_id(header: str | None, default: int) -> int:
 
 
 def finite(value: Any) -> Any:
-    """``value`` with the floats JSON cannot write (NaN, Infinity) as text."""
+    """``value`` as JSON can carry it: the floats JSON cannot write (NaN, Infinity) as text,
+    and strings with lone surrogates (JSON's "\\udc80" reads as one, UTF-8 cannot encode
+    it) with those escaped."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
     if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
+        return {finite(k): finite(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [finite(v) for v in value]
     return value
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``limit`` bytes gets 413 before it is read (by
+    its Content-Length) or as soon as it passes the limit (a chunked one). Then the app is
+    told the client went away, and whatever it answers to that is dropped."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            await self._refuse(send)
+            return
+        seen, refused, started = 0, False, False
+
+        async def counted() -> dict:
+            nonlocal seen, refused
+            if refused:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit and not started:
+                refused = True
+                await self._refuse(send)
+                return {"type": "http.disconnect"}
+            return message
+
+        async def watched(message: dict) -> None:
+            nonlocal started
+            if refused:
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        await self.app(scope, counted, watched)
+
+    async def _refuse(self, send: Any) -> None:
+        body = json.dumps({"detail": f"request body over the limit of {self.limit} bytes "
+                                     "(the server's --max-body-bytes)"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
 
 
 def resolved(path: Path) -> Path | None:
@@ -175,6 +241,11 @@ def to_scheduler(job_id: str, req: JobRequest, cwd: Path) -> tuple[JobSpec, Laun
     return spec, Launch(command, cwd=cwd, env=dict(req.env))
 
 
+def unprocessable_query(field: str, msg: str) -> HTTPException:
+    return HTTPException(422, detail=[{"loc": ["query", field], "msg": msg,
+                                       "type": "value_error"}])
+
+
 def unprocessable(field: str, msg: str) -> HTTPException:
     """A 422 shaped like FastAPI's own validation errors: the field, and what to do."""
     return HTTPException(422, detail=[{"loc": ["body", field], "msg": msg,
@@ -184,12 +255,17 @@ def unprocessable(field: str, msg: str) -> HTTPException:
 class Service:
     """The store and the scheduler's loop, joined: what the API calls."""
 
-    def __init__(self, store: Store, backend: LocalBackend, base_dir: Path) -> None:
+    def __init__(self, store: Store, backend: LocalBackend, base_dir: Path,
+                 max_unfinished_per_user: int = MAX_UNFINISHED_PER_USER) -> None:
         self.store = store
         self.backend = backend
         self.base_dir = base_dir
         self.metrics = Metrics(backend)
         self.owners: dict[str, tuple[int, str]] = {}  # job -> (user id, job name)
+        self.max_unfinished_per_user = max_unfinished_per_user
+        self.unfinished: collections.Counter[int] = collections.Counter()  # user id -> jobs
+        self._counted: dict[str, int] = {}  # job id -> its user, while counted unfinished
+        self._count_lock = threading.Lock()
         backend.on_change = self._persist
 
     def user_dir(self, who: Principal) -> Path:
@@ -221,14 +297,40 @@ class Service:
         return cwd
 
     def submit(self, who: Principal, req: JobRequest) -> JobRow:
+        """Store and queue a job; a ``submission_id`` used before returns that job."""
         cwd = self.workdir(who, req)
         if req.gpus > len(self.backend.devices):
             raise unprocessable("gpus", f"{req.gpus} GPUs asked; this cluster has "
                                 f"{len(self.backend.devices)}")
-        row = self.store.add_job(who, req)  # committed before the scheduler sees it
+        with self._count_lock:
+            if self.unfinished[who.id] >= self.max_unfinished_per_user:
+                raise HTTPException(429, f"you have {self.unfinished[who.id]} jobs not yet "
+                                    f"finished, the limit per user "
+                                    f"(--max-unfinished-per-user); wait for some or cancel them")
+            self.unfinished[who.id] += 1  # held for this submission while it is stored
+        try:
+            row = self.store.add_job(who, req)  # committed before the scheduler sees it
+        finally:
+            with self._count_lock:
+                self.unfinished[who.id] -= 1
+        if not row.created:  # a retry: the first submission was queued already
+            return row
+        self._count(row.id, who.id)
         self.owners[row.id] = (who.id, req.name)
         self.backend.submit(*to_scheduler(row.id, req, cwd), time_limit=req.time_limit)
         return row
+
+    def _count(self, job_id: str, user_id: int) -> None:
+        with self._count_lock:
+            if job_id not in self._counted:
+                self._counted[job_id] = user_id
+                self.unfinished[user_id] += 1
+
+    def _uncount(self, job_id: str) -> None:
+        with self._count_lock:
+            user_id = self._counted.pop(job_id, None)
+            if user_id is not None:
+                self.unfinished[user_id] -= 1
 
     def resume_unfinished(self) -> int:
         """After a restart: give the scheduler every job not yet finished; those that had
@@ -240,6 +342,7 @@ class Service:
             owner = self.store.owner(row.id)
             cwd = self.user_dir(owner) / req.workdir
             self.owners[row.id] = (owner.id, row.name)
+            self._count(row.id, owner.id)
             held = row.state == "held"
             if not held:
                 self.store.record(row.id, "requeued", {"after": "server restart"},
@@ -296,7 +399,9 @@ class Service:
                        reason=row.reason, why=self.why(row), steps=self.steps(row),
                        priority=row.priority,
                        gpus=row.spec["gpus"], submitted_at=row.submitted_at,
-                       started_at=row.started_at, finished_at=row.finished_at)
+                       started_at=row.started_at, finished_at=row.finished_at,
+                       labels=row.spec.get("labels") or {},
+                       submission_id=row.submission_id)
 
     def cluster(self, who: Principal) -> dict[str, Any]:
         """The backend's view, each job named, or anonymous if ``who`` may not see it."""
@@ -327,6 +432,8 @@ class Service:
         if what in ("profile", "feedback", "done"):
             data.update(rec.profile, metrics=dict(rec.metrics))
         reason = rec.reason if what in ("failed", "restarted", "cancelled") else None
+        if state in TERMINAL:
+            self._uncount(rec.spec.id)
         for attempt in range(PERSIST_TRIES):
             try:
                 self.store.record(rec.spec.id, what, data, state=state, reason=reason)
@@ -341,9 +448,22 @@ class Service:
         log.error("gave up storing %s of %s: the database is unreachable", what, rec.spec.id)
 
 
-def create_app(service: Service) -> FastAPI:
+class UserInfo(BaseModel):
+    name: str
+    admin: bool
+    created_at: float
+    revoked_at: float | None
+
+
+class NewToken(BaseModel):
+    name: str
+    token: str
+
+
+def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     app = FastAPI(title="gandiva", version="1", responses=UNAUTHORIZED,
                   description="Submit, watch and steer training jobs on a gandiva cluster.")
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
     store = service.store
 
     @app.exception_handler(RequestValidationError)
@@ -375,6 +495,13 @@ def create_app(service: Service) -> FastAPI:
 
     Who = Annotated[Principal, Depends(principal)]
 
+    def admin(who: Who) -> Principal:
+        if not who.admin:
+            raise HTTPException(403, "only an admin may manage users")
+        return who
+
+    Admin = Annotated[Principal, Depends(admin)]
+
     def visible(who: Principal, job_id: str) -> JobRow:
         row = store.job(who, job_id)
         if row is None:
@@ -385,18 +512,47 @@ def create_app(service: Service) -> FastAPI:
     def whoami(who: Who) -> WhoAmI:
         return WhoAmI(name=who.name, admin=who.admin)
 
-    @app.post("/v1/jobs", status_code=201, response_model=JobView, responses=BAD_BODY)
+    @app.post("/v1/jobs", status_code=201, response_model=JobView, responses={
+        **BAD_BODY, 200: {"description": "A submission_id used before: the job it made",
+                          "model": JobView},
+        413: problem("A body over the server's limit"),
+        429: problem("Too many of your jobs are not finished yet")})
     def submit(req: JobRequest, who: Who) -> Response:
-        view = service.view(service.submit(who, req))
+        row = service.submit(who, req)
         # serialised here, once: a returned model would be validated again against itself
-        return Response(view.model_dump_json(), status_code=201, media_type="application/json")
+        return Response(service.view(row).model_dump_json(), status_code=201 if row.created
+                        else 200, media_type="application/json")
 
-    @app.get("/v1/jobs")
-    def jobs(who: Who, state: Annotated[str | None, Query(
-            description="Comma-separated states, e.g. queued,running")] = None,
-             limit: Annotated[int, Query(ge=1, le=100_000)] = 1000) -> list[JobView]:
+    @app.get("/v1/jobs", responses={422: problem("A cursor that is no job id")})
+    def jobs(request: Request, response: Response, who: Who,
+             state: Annotated[str | None, Query(
+                 description="Comma-separated states, e.g. queued,running")] = None,
+             label: Annotated[list[str] | None, Query(
+                 description="key=value; repeat for jobs with all of them")] = None,
+             user: Annotated[str | None, Query(description="Only this user's jobs (admins)")]
+             = None,
+             after: Annotated[str | None, Query(description="The last job id of the page "
+                                                "before: this page continues after it")] = None,
+             limit: Annotated[int, Query(ge=1, le=PAGE_MAX)] = PAGE_DEFAULT) -> list[JobView]:
+        """Your jobs (an admin: everyone's), newest first, a page at a time: the ``Link``
+        header's ``rel="next"`` is the next page's URL while there are more."""
         states = tuple(s for s in (state or "").split(",") if s)
-        return [service.view(r) for r in store.jobs(who, states, limit)]
+        labels = {}
+        for item in label or []:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise unprocessable_query("label", f"{item!r}: give key=value, e.g. sweep=lr")
+            labels[key] = value
+        try:
+            rows = store.jobs(who, states, limit + 1, after=after, user=user, labels=labels)
+        except StoreError as e:
+            raise unprocessable_query("after", str(e)) from None
+        if len(rows) > limit:
+            rows = rows[:limit]
+            params = [(k, v) for k, v in request.query_params.multi_items() if k != "after"]
+            url = f"{request.url.path}?{urlencode([*params, ('after', rows[-1].id)])}"
+            response.headers["Link"] = f'<{url}>; rel="next"'
+        return [service.view(r) for r in rows]
 
     @app.get("/v1/jobs/{job_id}", responses=NOT_FOUND)
     def job(job_id: str, who: Who) -> JobView:
@@ -505,6 +661,48 @@ def create_app(service: Service) -> FastAPI:
         samples = [Sample(at=at, allocated=n, busy=busy)
                    for at, n, busy in list(service.backend.samples) if at >= since]
         return Utilisation(total=len(service.backend.devices), samples=samples)
+
+    @app.get("/v1/users")
+    def users(who: Admin) -> list[UserInfo]:
+        """Every user, with whether their token is revoked (admins)."""
+        return [UserInfo(name=u.name, admin=u.admin, created_at=u.created_at,
+                         revoked_at=u.revoked_at) for u in store.users()]
+
+    @app.post("/v1/users/{name}/revoke", responses=NOT_FOUND)
+    def revoke(name: str, who: Admin) -> UserInfo:
+        """The user's token stops working at once (admins); their jobs go on."""
+        try:
+            store.revoke(name)
+        except StoreError as e:
+            raise HTTPException(404, str(e)) from None
+        return next(UserInfo(**vars(u)) for u in store.users() if u.name == name)
+
+    @app.post("/v1/users/{name}/rotate", responses=NOT_FOUND)
+    def rotate(name: str, who: Admin) -> NewToken:
+        """A new token for the user, shown once; the old one stops working at once."""
+        try:
+            return NewToken(name=name, token=store.rotate(name))
+        except StoreError as e:
+            raise HTTPException(404, str(e)) from None
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> dict[str, str]:
+        """The process answers (liveness)."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", include_in_schema=False)
+    def readyz() -> JSONResponse:
+        """The store answers and the scheduler's loop is alive (readiness)."""
+        problems = []
+        try:
+            with store.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except SQLAlchemyError as e:
+            problems.append(f"store: {type(e).__name__}")
+        if not service.backend.alive():
+            problems.append("scheduler loop: not running")
+        return JSONResponse({"status": "not ready" if problems else "ok",
+                             "problems": problems}, status_code=503 if problems else 200)
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:

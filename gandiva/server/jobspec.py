@@ -8,7 +8,9 @@
     elastic: {min: 1, max: 4}              # optional: gandiva may grow and shrink it
     priority: 0
     model: resnet50                        # optional hint
-    time_limit: 2h                         # seconds, or 90m / 2h / 1d
+    time_limit: 2h                         # seconds, 90m, 1h30m, 1d, or HH:MM:SS (Slurm)
+    labels: {sweep: lr}                    # optional: select jobs by them (list, cancel)
+    submission_id: 7f3c9a                  # optional: a retried submission makes no 2nd job
 
 Decision: paths are relative to a base directory the server gives each user and may not
 leave it (no absolute paths, no ``..``); checkpoints always live in the job's own directory,
@@ -39,8 +41,25 @@ from gandiva.runtime import torchrun
 # matched whole (fullmatch): a "$" would also match before a final newline
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+# 90, 90s, 90m, 1h30m, 2d12h, 1.5h: a number and unit, repeated (largest unit first)
+_DURATION = re.compile(r"^\s*(?:\d+(?:\.\d+)?[smhd]?|(?:\d+(?:\.\d+)?[dhms])+)\s*$")
+_PART = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+# Slurm's forms: MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+_CLOCK = re.compile(r"^\s*(?:(\d+)-(\d+)(?::(\d+))?(?::(\d+))?|(\d+):(\d+)(?::(\d+))?)\s*$")
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+DURATION_HELP = "give seconds, 90m, 1h30m, 2d, or HH:MM:SS / D-HH:MM:SS as Slurm takes"
+
+# Limits on what one spec may hold: a spec is stored, shown and turned into a process's
+# argv and environment, so each is bounded (a 5 MB environment once passed). Each refusal
+# names the limit.
+MAX_ARGS = 1024  # command arguments
+MAX_COMMAND_BYTES = 64 * 1024  # all of them together, UTF-8
+MAX_ENV = 256  # environment variables
+MAX_ENV_VALUE_BYTES = 16 * 1024  # one value
+MAX_ENV_BYTES = 256 * 1024  # all names and values together
+MAX_TEXT = 256  # characters of workdir, model, a label key or value, submission_id
+MAX_LABELS = 32
 
 
 def _json_number(v: Any) -> Any:
@@ -79,17 +98,26 @@ class JobRequest(BaseModel):
     command: Annotated[list[str], WithJsonSchema({"anyOf": [
         {"type": "array", "items": {"type": "string"}, "minItems": 1},
         {"type": "string", "description": "split like a shell would"}]})] = Field(min_length=1)
-    workdir: str = "."
-    env: dict[str, str] = Field(default_factory=dict, json_schema_extra={
+    workdir: str = Field(default=".", max_length=MAX_TEXT)
+    env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV, json_schema_extra={
         "propertyNames": {"pattern": f"^{_ENV_KEY.pattern}$"}})
     gpus: JsonInt = Field(default=1, ge=1, le=1024)
     elastic: Elastic | None = None
     priority: JsonInt = Field(default=0, ge=-100, le=100)
-    model: str = "unknown"
     time_limit: Annotated[float | None, WithJsonSchema({"anyOf": [
         {"type": "number", "exclusiveMinimum": 0},
-        {"type": "string", "pattern": _DURATION.pattern}, {"type": "null"}]})] = Field(
+        {"type": "string", "pattern": _DURATION.pattern},
+        {"type": "string", "pattern": _CLOCK.pattern}, {"type": "null"}]})] = Field(
         default=None, gt=0, allow_inf_nan=False)
+    labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_LABELS,
+                                   json_schema_extra={"propertyNames": {
+                                       "pattern": f"^{_LABEL.pattern}$"}})
+    submission_id: str | None = Field(
+        default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$",
+        description="Yours to choose: a second submission with the same id returns the "
+                    "first job instead of making another (safe retries)")
+    # sizes a validator checks, declared here for the document
+    model: str = Field(default="unknown", max_length=MAX_TEXT)
 
     @field_validator("name")
     @classmethod
@@ -109,6 +137,13 @@ class JobRequest(BaseModel):
                 raise ValueError(f"cannot split it like a shell would: {e}") from None
         if isinstance(v, list) and any(isinstance(a, str) and "\x00" in a for a in v):
             raise ValueError("an argument cannot hold NUL (a process's arguments end at it)")
+        if isinstance(v, list) and len(v) > MAX_ARGS:
+            raise ValueError(f"{len(v)} arguments; the limit is {MAX_ARGS}")
+        if isinstance(v, list) and all(isinstance(a, str) for a in v):
+            size = sum(len(a.encode("utf-8", "surrogatepass")) for a in v)
+            if size > MAX_COMMAND_BYTES:
+                raise ValueError(f"{size} bytes of arguments; the limit is "
+                                 f"{MAX_COMMAND_BYTES}: pass big inputs in a file")
         return v
 
     @field_validator("workdir")
@@ -122,25 +157,42 @@ class JobRequest(BaseModel):
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        total = 0
         for key, value in v.items():
+            size = len(value.encode("utf-8", "surrogatepass"))
+            total += size + len(key)
+            if size > MAX_ENV_VALUE_BYTES:
+                raise ValueError(f"the value of {key[:64]!r} has {size} bytes; the limit is "
+                                 f"{MAX_ENV_VALUE_BYTES}: pass big inputs in a file")
             if not _ENV_KEY.fullmatch(key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
             if "\x00" in value:
                 raise ValueError(f"the value of {key!r} cannot hold NUL")
             if key.startswith(RESERVED_ENV):
                 raise ValueError(f"{key!r} is set by gandiva for each job; leave it out")
+        if total > MAX_ENV_BYTES:
+            raise ValueError(f"{total} bytes of environment; the limit is {MAX_ENV_BYTES}")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not _LABEL.fullmatch(key):
+                raise ValueError(f"label {key[:64]!r}: use 1-63 letters, digits, '.', '_', "
+                                 "'/' or '-', starting and ending with a letter or digit")
+            if len(value) > 63 or not (value == "" or _LABEL.fullmatch(value)):
+                raise ValueError(f"the value of label {key!r}: use up to 63 letters, "
+                                 "digits, '.', '_', '/' or '-' (as Kubernetes label values)")
         return v
 
     @field_validator("time_limit", mode="before")
     @classmethod
     def _time_limit(cls, v: Any) -> Any:
         if isinstance(v, bool):
-            raise ValueError("give seconds, or a number with s, m, h or d (e.g. 90m)")
+            raise ValueError(DURATION_HELP)
         if isinstance(v, str):
-            m = _DURATION.match(v)
-            if not m:
-                raise ValueError("give seconds, or a number with s, m, h or d (e.g. 90m)")
-            return float(m[1]) * _UNIT_S[m[2]]
+            return duration_s(v)
         return v
 
     @model_validator(mode="after")
@@ -164,6 +216,24 @@ class JobRequest(BaseModel):
             raise ValueError(f"gpus ({self.gpus}) must lie within elastic min..max "
                              f"({self.elastic.min}..{self.elastic.max})")
         return self
+
+
+def duration_s(text: str) -> float:
+    """Seconds in ``90``, ``90m``, ``1h30m``, ``1.5h``, ``2d``, or Slurm's ``MM:SS``,
+    ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``; ValueError naming the forms."""
+    if _DURATION.match(text):
+        return sum(float(n) * _UNIT_S[unit] for n, unit in _PART.findall(text))
+    m = _CLOCK.match(text)
+    if m is None:
+        raise ValueError(DURATION_HELP)
+    days, hours, minutes, seconds, mm, ss, hms_s = m.groups()
+    if days is not None:  # D-HH[:MM[:SS]]
+        parts = (int(days), int(hours), int(minutes or 0), int(seconds or 0))
+    elif hms_s is not None:  # HH:MM:SS
+        parts = (0, int(mm), int(ss), int(hms_s))
+    else:  # MM:SS
+        parts = (0, 0, int(mm), int(ss))
+    return float(parts[0] * 86400 + parts[1] * 3600 + parts[2] * 60 + parts[3])
 
 
 class SpecError(ValueError):

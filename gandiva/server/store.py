@@ -37,12 +37,13 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from gandiva.server.jobspec import JobRequest
 
 TERMINAL = ("done", "failed", "cancelled")
+TOKEN_RECHECK_S = 10.0  # a cached token is looked up again after this long
 
 
 class Base(DeclarativeBase):
@@ -56,6 +57,7 @@ class User(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     admin: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class JobRow(Base):
@@ -70,6 +72,15 @@ class JobRow(Base):
     submitted_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    submission_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created = True  # not stored: False where a submission_id found the job made before
+
+
+class LabelRow(Base):
+    __tablename__ = "job_labels"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(63), primary_key=True)
+    value: Mapped[str] = mapped_column(String(63))
 
 
 class EventRow(Base):
@@ -94,12 +105,21 @@ class StoreError(ValueError):
     pass
 
 
+@dataclass(frozen=True)
+class UserView:
+    name: str
+    admin: bool
+    created_at: float
+    revoked_at: float | None
+
+
 @dataclass
 class _Pending:
     """A submission waiting for the group commit that stores it."""
 
     job: dict[str, Any]
     event: dict[str, Any]
+    labels: list[dict[str, str]]
     done: bool = False
     error: Exception | None = field(default=None, repr=False)
 
@@ -129,8 +149,9 @@ class Store:
         self._writer = threading.Lock()
         self._pending: list[_Pending] = []
         self._pending_lock = threading.Lock()
-        # token hash -> who: users and their tokens never change once added
-        self._principals: dict[str, Principal] = {}
+        # token hash -> who; a revoked or rotated token leaves it at once (``revoke``,
+        # ``rotate``); a change made by another process is seen within TOKEN_RECHECK_S
+        self._principals: dict[str, tuple[Principal, float]] = {}
         self.migrate()
 
     def _events_in_commit_order(self, s: Session | Connection) -> None:
@@ -163,16 +184,51 @@ class Store:
         who = self.known(token)
         if who is None:
             with Session(self.engine) as s:
-                user = s.scalar(select(User).where(User.token_hash == _hash(token)))
+                user = s.scalar(select(User).where(User.token_hash == _hash(token),
+                                                   User.revoked_at.is_(None)))
                 if user is None:
                     return None
-                who = self._principals[user.token_hash] = Principal(user.id, user.name,
-                                                                     user.admin)
+                who = Principal(user.id, user.name, user.admin)
+                self._principals[user.token_hash] = (who, time.monotonic())
         return who
 
     def known(self, token: str) -> Principal | None:
-        """The user of a token seen before, without asking the database."""
-        return self._principals.get(_hash(token))
+        """The user of a token seen lately, without asking the database."""
+        seen = self._principals.get(_hash(token))
+        if seen is None or time.monotonic() - seen[1] > TOKEN_RECHECK_S:
+            return None
+        return seen[0]
+
+    def users(self) -> list[UserView]:
+        with Session(self.engine) as s:
+            return [UserView(u.name, u.admin, u.created_at, u.revoked_at)
+                    for u in s.scalars(select(User).order_by(User.name))]
+
+    def _forget(self, user_id: int) -> None:
+        for key, (who, _) in list(self._principals.items()):
+            if who.id == user_id:
+                self._principals.pop(key, None)
+
+    def revoke(self, name: str) -> None:
+        """The user's token stops working at once; their jobs stay (an admin sees them)."""
+        with Session(self.engine) as s, s.begin():
+            user = s.scalar(select(User).where(User.name == name))
+            if user is None:
+                raise StoreError(f"no user {name!r}")
+            user.revoked_at = time.time()
+            self._forget(user.id)
+
+    def rotate(self, name: str) -> str:
+        """A new token for the user (a revoked user is enabled again); the old one stops
+        working at once."""
+        token = secrets.token_urlsafe(32)
+        with Session(self.engine) as s, s.begin():
+            user = s.scalar(select(User).where(User.name == name))
+            if user is None:
+                raise StoreError(f"no user {name!r}")
+            user.token_hash, user.revoked_at = _hash(token), None
+            self._forget(user.id)
+        return token
 
     # ---- jobs ---------------------------------------------------------------------------
     def submit(self, who: Principal, request: JobRequest) -> str:
@@ -180,19 +236,26 @@ class Store:
         return self.add_job(who, request).id
 
     def add_job(self, who: Principal, request: JobRequest) -> JobRow:
-        """Store a new job (queued) and its first event; return it once committed.
+        """Store a new job (queued) and its first event; return it once committed. With a
+        ``submission_id`` the user used before, the job that id made (``created`` False).
 
         Group commit: submissions that arrive while a transaction commits are stored
         together in the next one, so a flood costs one commit (one fsync) per batch, not
         per job."""
+        if request.submission_id is not None:
+            earlier = self.by_submission(who, request.submission_id)
+            if earlier is not None:
+                return earlier
         job_id = f"{request.name[:31]}-{uuid.uuid4().hex[:8]}"  # at most 40: the id columns
         now = time.time()
         job = {"id": job_id, "user_id": who.id, "name": request.name,
                "spec": request.model_dump(), "state": "queued", "reason": "",
                "priority": request.priority, "submitted_at": now, "started_at": None,
-               "finished_at": None}
+               "finished_at": None, "submission_id": request.submission_id}
         mine = _Pending(job, {"job_id": job_id, "at": now, "kind": "submitted",
-                              "data": {"by": who.name}})
+                              "data": {"by": who.name}},
+                        [{"job_id": job_id, "key": k, "value": v}
+                         for k, v in request.labels.items()])
         with self._pending_lock:
             self._pending.append(mine)
         with self._writer:
@@ -201,10 +264,30 @@ class Store:
                     batch, self._pending = self._pending, []
                 self._commit(batch)
         if mine.error is not None:
+            if isinstance(mine.error, IntegrityError) and request.submission_id is not None:
+                earlier = self.by_submission(who, request.submission_id)  # a concurrent twin
+                if earlier is not None:
+                    return earlier
             raise mine.error
         if not mine.done:  # its batch's writer was interrupted
             raise StoreError(f"job {request.name!r} was not stored; submit it again")
         return JobRow(**job)
+
+    def by_submission(self, who: Principal, submission_id: str) -> JobRow | None:
+        with Session(self.engine, expire_on_commit=False) as s:
+            row = s.scalar(select(JobRow).where(JobRow.user_id == who.id,
+                                                JobRow.submission_id == submission_id))
+        if row is not None:
+            row.created = False
+        return row
+
+    def labels(self, job_ids: list[str]) -> dict[str, dict[str, str]]:
+        out: dict[str, dict[str, str]] = {j: {} for j in job_ids}
+        if job_ids:
+            with Session(self.engine) as s:
+                for r in s.scalars(select(LabelRow).where(LabelRow.job_id.in_(job_ids))):
+                    out[r.job_id][r.key] = r.value
+        return out
 
     def _commit(self, batch: list[_Pending]) -> None:
         """One transaction for the batch; each submission learns how it went. A row the
@@ -215,6 +298,9 @@ class Store:
                 self._events_in_commit_order(conn)
                 conn.execute(insert(JobRow), [p.job for p in batch])
                 conn.execute(insert(EventRow), [p.event for p in batch])
+                labels = [label for p in batch for label in p.labels]
+                if labels:
+                    conn.execute(insert(LabelRow), labels)
         except OperationalError as e:  # the database itself: none of them is stored
             error = e
         except Exception as e:
@@ -270,15 +356,34 @@ class Store:
             user = s.get(User, job.user_id)
             return Principal(user.id, user.name, user.admin)
 
-    def jobs(self, who: Principal, states: tuple[str, ...] = (), limit: int = 1000
-             ) -> list[JobRow]:
+    def jobs(self, who: Principal, states: tuple[str, ...] = (), limit: int = 1000,
+             after: str | None = None, user: str | None = None,
+             labels: dict[str, str] | None = None) -> list[JobRow]:
+        """Newest first. ``after``: a job id from the previous page (keyset pagination: the
+        jobs submitted before it). ``user``: only that user's (an admin's filter; others
+        see only their own anyway). ``labels``: jobs with every one of these labels."""
+        clean = [st for st in states if "\x00" not in st]  # PostgreSQL's text cannot hold NUL
         with Session(self.engine, expire_on_commit=False) as s:
-            q = select(JobRow).order_by(JobRow.submitted_at, JobRow.id).limit(limit)
+            q = select(JobRow).order_by(JobRow.submitted_at.desc(), JobRow.id.desc())
             if not who.admin:
                 q = q.where(JobRow.user_id == who.id)
-            if states:  # a state with NUL is none (and PostgreSQL's text cannot hold it)
-                q = q.where(JobRow.state.in_([st for st in states if "\x00" not in st]))
-            return list(s.scalars(q))
+            elif user is not None:
+                q = q.join(User, User.id == JobRow.user_id).where(User.name == user)
+            if states:
+                q = q.where(JobRow.state.in_(clean))
+            if after is not None and "\x00" not in after:
+                cursor = s.get(JobRow, after)
+                if cursor is None:
+                    raise StoreError(f"after={after!r} is no job id; give the id of the last "
+                                     "job of the previous page (its next link)")
+                q = q.where((JobRow.submitted_at < cursor.submitted_at)
+                            | ((JobRow.submitted_at == cursor.submitted_at)
+                               & (JobRow.id < cursor.id)))
+            for key, value in (labels or {}).items():
+                tag = LabelRow.__table__.alias()
+                q = q.where(select(tag.c.job_id).where(
+                    tag.c.job_id == JobRow.id, tag.c.key == key, tag.c.value == value).exists())
+            return list(s.scalars(q.limit(limit)))
 
     def events(self, job_id: str, after: int = 0, limit: int = 10_000) -> list[EventRow]:
         with Session(self.engine, expire_on_commit=False) as s:
