@@ -325,6 +325,7 @@ def server(
 ) -> None:
     """Run the scheduler as a service: the REST API over a persistent store."""
     import logging.config
+    import signal
     import threading
 
     import uvicorn
@@ -371,8 +372,11 @@ def server(
     loop.start()
     log.info("gandiva server on http://%s:%d (%s, devices: %s, store: %s)", host, port, policy,
              ", ".join(loop_backend.devices), store.engine.url.render_as_string())
+    # uvicorn stops serving on SIGTERM or SIGINT, then hands the signal on to the handler it
+    # found: this one, so that the process lives on to drain its jobs below
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, lambda signum, frame: log.info("stopping on signal %d", signum))
     try:
-        # uvicorn stops serving on SIGTERM or SIGINT; then the jobs are drained below
         uvicorn.run(create_app(service, max_body_bytes=max_body_bytes), host=host, port=port,
                     log_config=config, log_level=log_level.lower(), access_log=access_log)
     finally:

@@ -12,6 +12,7 @@ in a newline; and places where the document did not say what the API does.
 
 import collections
 import functools
+import json
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -479,3 +480,45 @@ def test_a_405_names_every_method_of_its_path(world):
                                  headers=world.auth())
         assert r.status_code == 405
         assert set(r.headers["allow"].replace(" ", "").split(",")) - {"HEAD"} == documented
+
+
+SPEC_FIELDS = ("name", "command", "workdir", "model", "env", "labels", "submission_id",
+               "time_limit")
+
+
+@FUZZ
+@given(field=st.sampled_from(SPEC_FIELDS),
+       junk=st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1,
+                    max_size=3),
+       where=st.sampled_from(["value", "key"]))
+def test_a_lone_surrogate_anywhere_in_a_spec_is_a_422_never_a_500(world, field, junk, where):
+    spec = {"name": "probe", "command": ["python", "train.py"]}
+    if field in ("env", "labels"):
+        spec[field] = {junk: "x"} if where == "key" else {"OK": junk}
+    elif field == "command":
+        spec[field] = ["python", junk]
+    else:
+        spec[field] = junk
+    body = json.dumps(spec)  # ASCII JSON with \ud8xx escapes: valid JSON, no valid text
+    r = world.client.post("/v1/jobs", content=body, headers={
+        **world.auth(), "Content-Type": "application/json"})
+    assert r.status_code == 422, (spec, r.status_code, r.text[:200])
+    r.json()  # the answer itself is valid JSON
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/jobs/x/cancel", "/v1/users/x/rotate"])
+def test_an_oversized_body_is_a_413_on_every_operation_that_takes_one(world, path):
+    r = world.client.post(path, content=b"{" + b" " * (2 * 1024 * 1024) + b"}", headers={
+        **world.auth(), "Content-Type": "application/json"})
+    assert r.status_code == 413
+
+
+@FUZZ
+@given(junk=st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1,
+                    max_size=3))
+def test_a_lone_surrogate_in_a_path_or_query_is_never_a_500(world, junk):
+    quoted = junk.encode("utf-8", "surrogatepass")  # as raw bytes on the wire
+    for url in (b"/v1/jobs/" + quoted, b"/v1/jobs?label=a%3D" + quoted,
+                b"/v1/jobs?after=" + quoted, b"/v1/users/" + quoted + b"/revoke"):
+        r = world.client.get(url.decode("latin-1"), headers=world.auth())
+        assert r.status_code < 500, (url, r.status_code)

@@ -258,3 +258,21 @@ def test_time_limits_read_as_slurm_users_write_them(text, seconds):
 def test_an_unreadable_time_limit_names_the_forms():
     with pytest.raises(SpecError, match="HH:MM:SS"):
         parse("name: x\ncommand: [a]\ntime_limit: soon")
+
+
+def test_metrics_follow_prometheus_naming_with_counters_process_and_build_info(api):
+    client, tokens, _, _ = api
+    first = client.post("/v1/jobs", json=job("m", submission_id="once"),
+                        headers=auth(tokens["ada"])).json()
+    client.post("/v1/jobs", json=job("m", submission_id="once"), headers=auth(tokens["ada"]))
+    client.post(f"/v1/jobs/{first['id']}/cancel", headers=auth(tokens["ada"]))
+    deadline = time.monotonic() + 30
+    while 'gandiva_jobs_finished_total{state="cancelled"} 1.0' not in (
+            text := client.get("/metrics").text):
+        assert time.monotonic() < deadline, text
+        time.sleep(0.1)
+    assert "gandiva_jobs_submitted_total 1.0" in text  # the retry made no second job
+    assert "# TYPE gandiva_job_restarts_total counter" in text
+    assert "# TYPE gandiva_device_utilisation_ratio gauge" in text
+    assert 'gandiva_build_info{python="' in text
+    assert "process_resident_memory_bytes" in text and "python_info" in text

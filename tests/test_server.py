@@ -1,6 +1,7 @@
 """`gandiva server` as users run it: a real process, killed with SIGKILL and restarted, over
 a SQLite file and over a PostgreSQL server."""
 
+import os
 import shutil
 import signal
 import subprocess
@@ -96,5 +97,58 @@ def test_server_killed_with_sigkill_loses_no_job_and_resumes_from_checkpoints(tm
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def test_sigterm_checkpoints_running_jobs_at_their_next_mini_batch_and_a_restart_resumes_there(
+        tmp_path):
+    """An upgrade: the server is stopped with SIGTERM and started again. With no periodic
+    checkpoint due (every 300 s), a job still resumes from the step where it was stopped."""
+    from gandiva.runtime import checkpoint
+
+    home, port, db = tmp_path / "home", free_port(), str(tmp_path / "g.db")
+    token = subprocess.run([*GANDIVA, "user", "add", "ada", "--home", str(home), "--db", db],
+                           check=True, capture_output=True, text=True).stdout.strip()
+    shutil.copy(CNN, home / "users" / "ada" / "cnn.py")
+
+    def serve() -> subprocess.Popen:
+        return subprocess.Popen([*GANDIVA, "server", "--home", str(home), "--port", str(port),
+                                 "--policy", "fifo", "--slots", "1", "--drain", "60"],
+                                env={**os.environ, "GANDIVA_DB": db,
+                                     "GANDIVA_CHECKPOINT_EVERY": "300"},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    proc = serve()
+    http = client(port, token)
+    try:
+        wait_up(http, proc)
+        job_id = http.post("/v1/jobs", json={"name": "long", "command": [
+            "python", "cnn.py", "--steps", "100000"]}).json()["id"]
+        log = home / "run" / "jobs" / job_id / "rank0.log"
+        deadline = time.monotonic() + 120
+        while http.get(f"/v1/jobs/{job_id}").json()["steps"] == 0:  # its first 100 done
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=120)[0].decode()
+        assert proc.returncode == 0, out
+        ckpts = home / "run" / "jobs" / job_id / "checkpoints"
+        stopped_at = checkpoint.steps(ckpts)[0]  # the only checkpoint: the drain's
+        assert stopped_at > 0
+        proc = serve()
+        wait_up(http, proc)
+        deadline = time.monotonic() + 120
+        while f"restored from checkpoint at step {stopped_at}" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.2)
+        kinds = [e["kind"] for e in http.get(f"/v1/jobs/{job_id}/events").json()]
+        assert "stopped-for-shutdown" in kinds and "requeued" in kinds
+        assert http.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=90)
             except subprocess.TimeoutExpired:
                 proc.kill()

@@ -128,7 +128,8 @@ def test_acknowledged_jobs_survive_a_crash_of_postgresql_and_the_store_carries_o
     store.record(ids[0], "placed", {"gpus": [0]}, state="running")
     postgres.crash_and_restart()
     after = Store(url)
-    assert [j.id for j in after.jobs(ada)] == ids[::-1] and after.job(ada, ids[0]).state == "running"
+    assert [j.id for j in after.jobs(ada)] == ids[::-1]  # newest first
+    assert after.job(ada, ids[0]).state == "running"
     assert [e.kind for e in after.events(ids[0])] == ["submitted", "placed"]
     store.record(ids[0], "finished", state="done")  # the store that was open all along
     assert [j.id for j in store.unfinished()] == ids[1:]

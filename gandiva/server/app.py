@@ -315,6 +315,7 @@ class Service:
                 self.unfinished[who.id] -= 1
         if not row.created:  # a retry: the first submission was queued already
             return row
+        self.metrics.submitted.inc()
         self._count(row.id, who.id)
         self.owners[row.id] = (who.id, req.name)
         self.backend.submit(*to_scheduler(row.id, req, cwd), time_limit=req.time_limit)
@@ -434,6 +435,7 @@ class Service:
         reason = rec.reason if what in ("failed", "restarted", "cancelled") else None
         if state in TERMINAL:
             self._uncount(rec.spec.id)
+        self.metrics.changed(what, state)
         for attempt in range(PERSIST_TRIES):
             try:
                 self.store.record(rec.spec.id, what, data, state=state, reason=reason)
@@ -523,7 +525,7 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
         return Response(service.view(row).model_dump_json(), status_code=201 if row.created
                         else 200, media_type="application/json")
 
-    @app.get("/v1/jobs", responses={422: problem("A cursor that is no job id")})
+    @app.get("/v1/jobs")
     def jobs(request: Request, response: Response, who: Who,
              state: Annotated[str | None, Query(
                  description="Comma-separated states, e.g. queued,running")] = None,

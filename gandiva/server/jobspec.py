@@ -119,6 +119,32 @@ class JobRequest(BaseModel):
     # sizes a validator checks, declared here for the document
     model: str = Field(default="unknown", max_length=MAX_TEXT)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _text(cls, data: Any) -> Any:
+        """JSON can carry a lone surrogate ("\\udc80"); it is no character, and nothing
+        downstream (the database, a process's argv, an answer) can write it."""
+        def bad(value: Any) -> bool:
+            if isinstance(value, str):
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    return True
+                return False
+            if isinstance(value, dict):
+                return any(bad(k) or bad(v) for k, v in value.items())
+            if isinstance(value, list):
+                return any(bad(v) for v in value)
+            return False
+
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if bad(key) or bad(value):
+                    field = key.encode("utf-8", "backslashreplace").decode()
+                    raise ValueError(f"{field}: holds a lone surrogate, which is no "
+                                     "character; send UTF-8 text")
+        return data
+
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:

@@ -5,15 +5,32 @@ in step); decisions and actions are timed by the loop itself, through ``Observer
 come with every histogram (``_count``), so suspend and migration counts are
 ``gandiva_action_seconds_count{action="suspend"}`` and ``{action="migrate"}``.
 
+Names follow Prometheus' conventions: counters of what only grows end in ``_total``
+(``gandiva_jobs_submitted_total``, ``gandiva_jobs_finished_total{state}``,
+``gandiva_job_restarts_total``), a 0..1 fraction in ``_ratio``, durations in ``_seconds``;
+the standard ``process_*`` and ``python_*`` metrics and ``gandiva_build_info`` come too.
+
 Decision: ``/metrics`` needs no token (Prometheus scrapes it); it shows aggregates only,
 never a job's id or its user.
 """
 
 from __future__ import annotations
 
+import platform
 from collections import Counter
+from importlib import metadata
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import (
+    PLATFORM_COLLECTOR,
+    CollectorRegistry,
+    Histogram,
+    Info,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client import (
+    Counter as CounterMetric,
+)
 from prometheus_client.core import GaugeMetricFamily
 
 from gandiva import actions as A
@@ -38,6 +55,18 @@ class Metrics(Observer):
             "gandiva_action_seconds", "Time to carry out an action on real processes "
             "(place, suspend, resume, migrate, grow, shrink, pack, unpack, kill)", ["action"],
             buckets=BUCKETS, registry=self.registry)
+        self.submitted = CounterMetric("gandiva_jobs_submitted", "Jobs accepted (a retried "
+                                       "submission_id counts once)", registry=self.registry)
+        self.finished = CounterMetric("gandiva_jobs_finished", "Jobs that ended, by how",
+                                      ["state"], registry=self.registry)
+        for state in ("done", "failed", "cancelled"):
+            self.finished.labels(state)
+        self.restarts = CounterMetric("gandiva_job_restarts", "Restarts of crashed jobs from "
+                                      "their checkpoints", registry=self.registry)
+        Info("gandiva_build", "The server's version", registry=self.registry).info({
+            "version": _version(), "python": platform.python_version()})
+        ProcessCollector(registry=self.registry)
+        self.registry.register(PLATFORM_COLLECTOR)
         self.registry.register(self)
         backend.observer = self
 
@@ -75,8 +104,23 @@ class Metrics(Observer):
         yield GaugeMetricFamily("gandiva_jobs_time_sliced", "Jobs suspended for their turn on "
                                 "an over-subscribed server", value=sliced)
         util = b.samples[-1][2] if b.samples else 0.0
-        yield GaugeMetricFamily("gandiva_device_utilisation", "Mean device utilisation the "
-                                "running jobs report (0..1), at the latest sample", value=util)
+        yield GaugeMetricFamily("gandiva_device_utilisation_ratio", "Mean device utilisation "
+                                "the running jobs report (0..1), at the latest sample",
+                                value=util)
+
+    def changed(self, what: str, state: str | None) -> None:
+        """A job's transition, as the server stores it."""
+        if what == "restarted":
+            self.restarts.inc()
+        if state in ("done", "failed", "cancelled"):
+            self.finished.labels(state).inc()
 
     def scrape(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("gandiva")
+    except metadata.PackageNotFoundError:
+        return "unknown"
