@@ -304,3 +304,19 @@ def test_installed_command_runs_a_trace_file(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert math.isclose(read_json(out)["policies"]["fifo"]["mean_jct_s"], 400 / 3)
+
+
+def test_the_simulator_and_the_cli_client_import_neither_torch_nor_the_server_stack():
+    """What `pip install gandiva` (no extras) must be able to run."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, gandiva.cli, gandiva.sim.run, gandiva.traces, gandiva.report, "
+             "gandiva.client, gandiva.server.jobspec\n"
+             "gandiva.server.jobspec.parse('name: x\\ncommand: python t.py\\ngpus: 2')\n"
+             "heavy = ('torch', 'fastapi', 'sqlalchemy', 'uvicorn', 'alembic', "
+             "'prometheus_client', 'ray', 'psycopg', 'lightning', 'transformers')\n"
+             "print(sorted(m for m in heavy if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"

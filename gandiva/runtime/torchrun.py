@@ -63,7 +63,10 @@ def worker_count(command: list[str]) -> int | None:
     args = _torchrun_args(command)
     if args is None:
         return None
-    parsed = _parse(args)
+    try:
+        parsed = _parse(args)
+    except ImportError:  # a client without torch (gandiva's core install): the server checks
+        return None
     nodes, _, most = str(parsed.nnodes).partition(":")
     if parsed.nproc_per_node is None or not str(parsed.nproc_per_node).isdigit():
         return None
