@@ -196,6 +196,32 @@ def test_a_lost_node_s_jobs_finish_elsewhere_from_their_checkpoints(nodes, clust
     assert_identical(checkpoint.latest(node_checkpoints(nodes, now, "victim"))[1], ref)
 
 
+def test_the_logs_of_a_job_and_of_a_gang_s_rank_outlive_the_node_they_ran_on(nodes, cluster):
+    """A job, and rank 1 of a gang over two nodes, finish on a node that then dies: both
+    logs read through the backend (as the API reads them) whole, from the head's copy."""
+    lost = len(nodes.infos) - 1
+    there = [d for d, (node, _) in enumerate(nodes.where) if node == lost]
+    nodes.start("solo", cnn("--steps", "100"), (there[0],))
+    nodes.start("gang", Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), "--steps", "100"]),
+                (0, there[1]))  # rank 0 on node 0, rank 1 on the node that dies
+    done: set[str] = set()
+    while done != {"solo", "gang"}:
+        ev = nodes.events.get(timeout=180)
+        assert ev.kind not in ("failed", "restarted"), ev
+        done |= {ev.job_id} if ev.kind == "done" else set()
+    jobs = node_checkpoints(nodes, lost, "solo").parent.parent  # the lost node's own files
+    written = {(job, rank): (jobs / job / f"rank{rank}.log").read_bytes()
+               for job, rank in (("solo", 0), ("gang", 1))}
+    assert b"done: 100 steps," in written["solo", 0]
+    assert b"done: 100 steps on 2 rank(s)" in written["gang", 1]
+    cluster.remove_node(next(n for n in cluster.list_all_nodes()
+                             if n.node_id == nodes.infos[lost]["node_id"]))
+    wait(lambda: not nodes.alive[lost], what="the node's loss to be noticed")
+    for (job, rank), log in written.items():
+        assert nodes.read_log(job, rank) == log
+    assert nodes.read_log("solo", 0, offset=10) == written["solo", 0][10:]  # as logs -f reads
+
+
 def test_a_node_that_joins_takes_queued_work(nodes, cluster):
     """Runs last: it adds a node to the module's cluster."""
     backend = LocalBackend(make_policy("fifo"), nodes.workdir, nodes=nodes, feedback_steps=20)

@@ -596,13 +596,14 @@ class Agent:
         with open(self.job_dir(job.id) / f"rank{job.first}.log", "ab") as f:
             f.write(f"--- gandiva: {text} ---\n".encode())
 
-    def read_log(self, job_id: str, rank: int = 0, offset: int = 0) -> bytes:
+    def read_log(self, job_id: str, rank: int = 0, offset: int = 0, size: int = -1) -> bytes:
+        """One rank's log from byte ``offset``: all of the rest, or at most ``size`` bytes."""
         path = self.job_dir(job_id) / f"rank{rank}.log"
         if not path.exists():
             return b""
         with open(path, "rb") as f:
             f.seek(offset)
-            return f.read()
+            return f.read(size)
 
     def log_tail(self, job_id: str, rank: int = 0, lines: int = LOG_TAIL_LINES) -> str:
         path = self.job_dir(job_id) / f"rank{rank}.log"

@@ -16,6 +16,11 @@ node agents, with one cluster-wide numbering of devices.
   placement and restart elsewhere from their last checkpoint; nothing else is disturbed. (A
   moved job's copy in transit is not copied again: the node it left keeps the file, as its
   spare, until the job's next checkpoint reaches the head.)
+- Logs outlive their node: each rank's new output goes to the head with the node's events
+  (``<workdir>/logs``), and reads of a job's log come from there. A node's sudden death
+  loses at most what its jobs wrote in the last ``POLL_S`` (1 s) before it, and before the
+  pump's round trip to the head (more only from a rank that writes over
+  ``LOG_CHUNK_BYTES`` a second).
 - A gang spread over several nodes runs as one part per node (``Gang``: global ranks, and
   torchrun's rendezvous at rank 0's node). It is suspended, resumed, checkpointed and moved
   as one: the head sends each action to every part at once (the job library makes the ranks
@@ -27,7 +32,7 @@ node agents, with one cluster-wide numbering of devices.
   comes back has a new Ray id and joins as a new node.
 
 Decision: a job's working directory must exist on every node (a shared file system, as
-Slurm assumes); checkpoints and logs live on the node that runs the job.
+Slurm assumes); checkpoints and logs are written on the node that runs the job.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from gandiva.state import GPU, Cluster, Node  # noqa: E402
 POLL_S = 1.0  # a node agent's long poll for events
 JOIN_POLL_S = 2.0  # how often the head looks for nodes that joined Ray
 AGENT_START_S = 120.0  # a node agent that is not up by then is given up (and reported)
+LOG_CHUNK_BYTES = 1 << 20  # of a rank's output, a poll carries at most this: bounded memory
 
 
 @ray.remote(num_cpus=0, max_concurrency=16)  # a long poll and actions at the same time
@@ -74,6 +80,9 @@ class NodeAgent:
                       "ip": ray.util.get_node_ip_address(), "devices": devices, "kind": kind,
                       "memory_gb": memory, "pid": os.getpid()}
         self.copied: dict[str, int] = {}  # the newest checkpoint step copied to the head
+        self.sent: dict[tuple[str, int], int] = {}  # (job, rank) -> bytes of its log sent
+        self.logging: set[str] = set()  # jobs whose output may not all be at the head yet
+        self._logging = threading.Lock()
 
     def info(self) -> dict[str, Any]:
         return self.about
@@ -85,7 +94,11 @@ class NodeAgent:
         if ckpt is not None:
             checkpoint.install(self.agent.checkpoint_dir(job_id), *ckpt, transit=True)
             self.copied[job_id] = ckpt[0]  # it came from a node that keeps it, or the head
+        for path in self.agent.job_dir(job_id).glob("rank*.log"):  # an earlier agent's
+            self.sent.setdefault((job_id, _rank(path)), path.stat().st_size)  # (it sent it)
         self.agent.start(job_id, launch, devices, gang)
+        with self._logging:  # after the start: see ``_new_output``
+            self.logging.add(job_id)
 
     def rendezvous(self, job_id: str) -> int:
         return self.agent.rendezvous(job_id)
@@ -123,7 +136,8 @@ class NodeAgent:
 
     def next_events(self, timeout: float) -> list[tuple[str, str, dict]]:
         """What happened since the last call (waiting up to ``timeout`` for something), and
-        checkpoints written since, for the head to keep."""
+        checkpoints and output written since, for the head to keep. The output comes first,
+        read after the events: the head has a job's last lines when it learns it ended."""
         out = []
         try:
             ev = self.agent.events.get(timeout=timeout)
@@ -141,10 +155,30 @@ class NodeAgent:
                 self.copied[job_id] = newest[0]
                 out.append(("checkpoint", job_id, {"step": newest[0], "data": newest[1],
                                                     "digest": newest[2]}))
-        return out
+        return self._new_output() + out
 
     def close(self) -> None:
         self.agent.close()
+
+    def _new_output(self) -> list[tuple[str, str, dict]]:
+        """Each rank's output since the last call (up to ``LOG_CHUNK_BYTES``), of the jobs
+        started here, until the whole of a job that ended here has been sent."""
+        out = []
+        with self._logging:  # a start meanwhile: its job is not forgotten before it is read
+            for job_id in list(self.logging):
+                running = job_id in self.agent.jobs  # before reading: its last lines are in
+                for path in self.agent.job_dir(job_id).glob("rank*.log"):
+                    rank = _rank(path)
+                    offset = self.sent.get((job_id, rank), 0)
+                    data = self.agent.read_log(job_id, rank, offset, LOG_CHUNK_BYTES)
+                    if data:
+                        self.sent[job_id, rank] = offset + len(data)
+                        out.append(("log", job_id, {"rank": rank, "offset": offset,
+                                                    "data": data}))
+                        running = True  # more may follow
+                if not running:
+                    self.logging.discard(job_id)
+        return out
 
 
 class RayNodes:
@@ -160,6 +194,7 @@ class RayNodes:
             ray.init(address=address, logging_level="warning", log_to_driver=False)
         self.workdir = Path(workdir).resolve()
         self.replicas = self.workdir / "replicas"
+        self.logs = self.workdir / "logs"
         self.max_restarts = max_restarts
         self._agent_args = (threads, checkpoint_every_s, max_restarts)
         self.actors: list = []
@@ -186,8 +221,10 @@ class RayNodes:
         self.runs: dict[str, int] = {}  # starts of each job: tells a part of this run
         self.ended: set[str] = set()
         self.launches: dict[str, Launch] = {}
-        self.visited: dict[str, list[int]] = {}  # job -> nodes it ran on, first seen first
         self._lock = threading.Lock()  # the maps above, between the loop and the pumps
+        # (node, job, rank) -> how much of that node's log of the rank the head's copy holds
+        self.copied: dict[tuple[int, str, int], int] = {}
+        self._copying = threading.Lock()  # the copies of logs, and ``copied``
         # one action on the jobs at a time: the loop's, or a pump's restart of a gang
         self._act = threading.RLock()
         self._closed = False
@@ -253,11 +290,22 @@ class RayNodes:
             self._stop(job_id, "park")
 
     def read_log(self, job_id: str, rank: int = 0, offset: int = 0) -> bytes:
-        """One rank's log from ``offset``, across the nodes it ran on (each node's part in
-        the order the job first came there)."""
-        parts = [self._call(node, "read_log", job_id, rank, 0) or b""
-                 for node in self.visited.get(job_id, []) if self.alive[node]]
-        return b"".join(parts)[offset:]
+        """One rank's log from ``offset``, across its restarts and the nodes it ran on: the
+        head's copy, then what the rank wrote since the last poll, if its node is up."""
+        where = _rank_nodes(self.plans.get(job_id, [])) if job_id in self.jobs else []
+        node = where[rank] if rank < len(where) and self.alive[where[rank]] else None
+        path = self._log(job_id, rank)
+        with self._copying:  # the copy, and how much of the node's log it holds, together
+            size = path.stat().st_size if path.exists() else 0
+            have = self.copied.get((node, job_id, rank), 0) if node is not None else 0
+        copy = b""
+        if offset < size:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                copy = f.read(size - offset)
+        newest = (self._call(node, "read_log", job_id, rank, have) or b""
+                  if node is not None else b"")
+        return copy + newest[max(0, offset - size):]
 
     def close(self) -> None:
         self._closed = True
@@ -349,6 +397,7 @@ class RayNodes:
         if len(plan) > 1:
             master = plan[0][0]
             gang = (self.infos[master]["ip"], self._call(master, "rendezvous", job_id), run)
+        self._drain(job_id)
         calls = []
         for index, (node, local) in enumerate(plan):
             part = Gang(first, world, *gang, node=index, nodes=len(plan)) if gang else None
@@ -359,8 +408,6 @@ class RayNodes:
             self.jobs[job_id] = tuple(n for n, _ in plan)
             self.plans[job_id] = plan
             self.left[job_id] = set(self.jobs[job_id])
-            seen = self.visited.setdefault(job_id, [])
-            seen.extend(n for n, _ in plan if n not in seen)
         error = self._wait(calls)
         if error is not None:  # e.g. the node it moved from died before handing it over
             self._crashed(job_id, run, f"it could not start: {error}")
@@ -410,6 +457,39 @@ class RayNodes:
                 print(f"gandiva: a node agent failed: {err}", file=sys.stderr, flush=True)
                 error = error or err
         return error
+
+    def _log(self, job_id: str, rank: int) -> Path:
+        return self.logs / job_id / f"rank{rank}.log"
+
+    def _keep_output(self, node: int, job_id: str, rank: int, offset: int,
+                     data: bytes) -> None:
+        """Append the bytes from ``offset`` of a rank's log on ``node`` to the head's copy,
+        but for those it holds already (a drain may have brought them first)."""
+        with self._copying:
+            have = self.copied.get((node, job_id, rank), 0)
+            new = data[max(0, have - offset):]
+            if not new:
+                return
+            path = self._log(job_id, rank)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "ab") as f:
+                f.write(new)
+            self.copied[node, job_id, rank] = offset + len(data)
+
+    def _drain(self, job_id: str) -> None:
+        """Copy the rest of the output of the job's last run before it starts again, so
+        that its log reads in order (a pump might bring it after the new run's first
+        lines)."""
+        parts = [(node, rank, self.copied.get((node, job_id, rank), 0))
+                 for rank, node in enumerate(_rank_nodes(self.plans.get(job_id, [])))
+                 if self.alive[node]]
+        calls = [self.actors[node].read_log.remote(job_id, rank, offset)
+                 for node, rank, offset in parts]
+        for (node, rank, offset), call in zip(parts, calls, strict=True):
+            try:
+                self._keep_output(node, job_id, rank, offset, ray.get(call))
+            except ray.exceptions.RayError:
+                pass  # the node is gone: its pump reports it
 
     def _replica(self, job_id: str) -> tuple[int, bytes, str] | None:
         return checkpoint.newest_file(self.replicas / job_id)
@@ -469,7 +549,8 @@ class RayNodes:
         self.events.put(AgentEvent("node-lost", "", {"node": node, "jobs": lost}))
 
     def _pump(self, node: int) -> None:
-        """Carry node ``node``'s events to the loop; keep its checkpoints; notice its end."""
+        """Carry node ``node``'s events to the loop; keep its checkpoints and output; notice
+        its end."""
         actor = self.actors[node]
         while not self._closed:
             try:
@@ -479,7 +560,9 @@ class RayNodes:
                     self._lost(node)
                 return
             for kind, job_id, data in batch:
-                if kind == "checkpoint":
+                if kind == "log":
+                    self._keep_output(node, job_id, data["rank"], data["offset"], data["data"])
+                elif kind == "checkpoint":
                     checkpoint.install(self.replicas / job_id, data["step"], data["data"],
                                        data["digest"])
                     if self.holder.get(job_id) == node:
@@ -492,6 +575,15 @@ class RayNodes:
 
 def _gpu_nodes() -> list[dict[str, Any]]:
     return [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU", 0) >= 1]
+
+
+def _rank(log: Path) -> int:
+    return int(log.stem.removeprefix("rank"))
+
+
+def _rank_nodes(plan: list[tuple[int, tuple[int, ...]]]) -> list[int]:
+    """The node of each rank of a job: ranks go node by node, in the plan's order."""
+    return [node for node, local in plan for _ in local]
 
 
 def _shape(plan: list[tuple[int, tuple[int, ...]]]) -> list[tuple[int, int]]:
