@@ -22,6 +22,11 @@ machine runs (jobs/s follows the share of a core the server gets; its Python run
 
 Goal: 500 jobs/s, what Slurm documents for high-throughput setups.
 
+Memory: the server's resident set (VmRSS) before the flood, its peak (VmHWM) after it, and
+its peak after ``--big-bodies`` (20) concurrent requests offering ``--big-mb`` (200) MB each
+as chunked bodies: the server must answer each 413 after its --max-body-bytes (1 MiB), so the
+peak may grow by at most about 20 x 1 MiB plus buffers, not by 20 x 200 MB.
+
 Usage: python benchmarks/api_load.py [--db sqlite,postgresql] [--jobs 10000] [--clients 16]
        [--slots 2] [--policy gandiva] [--profile DIR]
 --profile needs py-spy (``pip install py-spy``): collapsed stacks of the server's thread that
@@ -223,6 +228,42 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def memory_mb(pid: int) -> dict[str, float]:
+    """The process's resident set now and at its peak, MB (from /proc)."""
+    fields = dict(line.split(":", 1) for line in
+                  Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {k: round(int(fields[k].split()[0]) / 1024, 1) for k in ("VmRSS", "VmHWM")}
+
+
+def big_bodies(url: str, token: str, count: int, mb: int) -> list[int]:
+    """``count`` concurrent POSTs each offering ``mb`` MB as a chunked body; their statuses
+    (or 0 where the server closed the connection before the client saw an answer)."""
+    import httpx2
+
+    def offer() -> Iterator[bytes]:
+        chunk = b" " * (1024 * 1024)
+        for _ in range(mb):
+            yield chunk
+
+    statuses = [0] * count
+
+    def one(i: int) -> None:
+        try:
+            with httpx2.Client(base_url=url, timeout=120) as http:
+                statuses[i] = http.post("/v1/jobs", content=offer(), headers={
+                    "Authorization": f"Bearer {token}",
+                    "Content-Type": "application/json"}).status_code
+        except httpx2.HTTPError:
+            statuses[i] = 0
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return statuses
+
+
 def run_one(kind: str, args: argparse.Namespace, pool: Pool) -> dict[str, Any]:
     with ExitStack() as stack:
         home = Path(tempfile.mkdtemp(prefix=f"gandiva-load-{kind}-"))
@@ -234,12 +275,16 @@ def run_one(kind: str, args: argparse.Namespace, pool: Pool) -> dict[str, Any]:
         settle(srv.proc.pid)
         prefix = f"load-{uuid.uuid4().hex[:6]}-"
         names = [f"{prefix}{i:06d}" for i in range(args.jobs)]
+        before = memory_mb(srv.proc.pid)
         load0, own0 = os.getloadavg()[0], cpu_s(srv.proc.pid)
         profile = args.profile / f"{kind}.txt" if args.profile else None
         with profiling(srv.proc.pid, profile):
             load = pool.apply(generate, (srv.url, srv.tokens["load"], names, args.clients))
         own1 = cpu_s(srv.proc.pid)
         load1 = os.getloadavg()[0]
+        after_flood = memory_mb(srv.proc.pid)
+        statuses = big_bodies(srv.url, srv.tokens["load"], args.big_bodies, args.big_mb)
+        after_big = memory_mb(srv.proc.pid)
         result = check(db, prefix, load.acked)
         lat = load.latencies_ms
         # a server whose scheduler thread died still answers 201s: such a run is not valid
@@ -261,6 +306,10 @@ def run_one(kind: str, args: argparse.Namespace, pool: Pool) -> dict[str, Any]:
             "jobs_cpu_cores": round((own1[1] - own0[1]) / load.wall_s, 2),
             "client_cpu_cores": round(load.cpu_s / load.wall_s, 2),
             "loadavg_1m": [round(load0, 2), round(load1, 2)],
+            "rss_before_mb": before["VmRSS"], "peak_after_flood_mb": after_flood["VmHWM"],
+            "peak_after_big_bodies_mb": after_big["VmHWM"],
+            "big_bodies": {"count": args.big_bodies, "mb_each": args.big_mb,
+                           "statuses": dict(Counter(statuses))},
             **asdict(result),
             "server_crashes": crashes, "server_error": last_error,
             **({"profile": str(profile)} if profile else {}),
@@ -279,6 +328,9 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--slots", type=int, default=2, help="the server's CPU slots")
     ap.add_argument("--policy", default="gandiva", help="the server's policy")
+    ap.add_argument("--big-bodies", type=int, default=20,
+                    help="concurrent oversized requests after the flood")
+    ap.add_argument("--big-mb", type=int, default=200, help="MB each of them offers")
     ap.add_argument("--profile", type=Path, default=None,
                     help="directory for a py-spy record (raw, collapsed stacks of the thread "
                          "holding the GIL) of the server during the load, one file per "
@@ -310,7 +362,7 @@ def main() -> None:
                         f"goal {GOAL_JOBS_PER_S} jobs/s")
     columns = ("database", "clients", "jobs", "errors", "jobs/s", "p50 ms", "p99 ms", "max ms",
                "lost", "dup", "unacked", "server cores", "server ms/job", "client cores",
-               "load avg")
+               "load avg", "RSS MB", "peak flood", "peak big")
     for col in columns:
         table.add_column(col, justify="right")
     for r in rows:
@@ -319,7 +371,9 @@ def main() -> None:
                       f"{r['max_ms']:.0f}", str(r["lost"]), str(r["duplicated"]),
                       str(r["unacked"]), f"{r['server_cpu_cores']:.2f}",
                       f"{r['server_cpu_ms_per_job']:.2f}", f"{r['client_cpu_cores']:.2f}",
-                      f"{r['loadavg_1m'][0]:.1f}->{r['loadavg_1m'][1]:.1f}")
+                      f"{r['loadavg_1m'][0]:.1f}->{r['loadavg_1m'][1]:.1f}",
+                      f"{r['rss_before_mb']:.0f}", f"{r['peak_after_flood_mb']:.0f}",
+                      f"{r['peak_after_big_bodies_mb']:.0f}")
     console.print(table)
     for r in rows:
         for e in r["first_errors"]:

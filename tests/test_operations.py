@@ -125,7 +125,7 @@ def test_a_lone_surrogate_is_refused_with_422_not_500(api):
     r = client.post("/v1/jobs", content=body.encode(), headers={
         **auth(tokens["ada"]), "Content-Type": "application/json"})
     assert r.status_code == 422
-    assert r.json()["detail"][0]["loc"] == ["body", "name"]
+    assert r.json()["detail"][0]["msg"].startswith("Value error, name: holds a lone surrogate")
 
 
 def test_a_user_with_too_many_unfinished_jobs_gets_429_and_others_do_not(api):
@@ -164,7 +164,7 @@ def test_jobs_are_listed_newest_first_a_page_at_a_time_with_a_next_link(api):
         pages += 1
     assert seen == ids[::-1] and pages == 3
     bad = client.get("/v1/jobs", params={"after": "no-such-job"}, headers=auth(tokens["ada"]))
-    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "after"]
+    assert bad.status_code == 404 and "no-such-job" in bad.json()["detail"]
 
 
 def test_jobs_are_filtered_by_label_state_and_for_admins_by_user(api):
@@ -181,6 +181,8 @@ def test_jobs_are_filtered_by_label_state_and_for_admins_by_user(api):
     both = client.get("/v1/jobs", params=[("label", "sweep=lr"), ("label", "i=1")],
                       headers=auth(tokens["ada"]))
     assert [j["id"] for j in both.json()] == [lr[1]]
+    keyed = client.get("/v1/jobs", params={"label": "i"}, headers=auth(tokens["ada"]))
+    assert [j["id"] for j in keyed.json()] == lr[::-1]  # the key with any value
     everyone = client.get("/v1/jobs", params={"label": "sweep=lr"}, headers=auth(tokens["root"]))
     assert len(everyone.json()) == 4
     bobs = client.get("/v1/jobs", params={"label": "sweep=lr", "user": "bob"},

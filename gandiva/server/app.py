@@ -120,6 +120,7 @@ def problem(description: str) -> dict[str, Any]:
 UNAUTHORIZED = {401: problem("No valid token")}
 NOT_FOUND = {404: problem("No such job, or not yours")}
 CONFLICT = {409: problem("Not in this state of the job")}
+ADMINS_ONLY = {403: problem("Only an admin may")}
 BAD_BODY = {400: problem("A body that cannot be read (not UTF-8)")}
 AfterId = Annotated[int, Query(ge=0, le=EVENT_ID_MAX, description="An event id")]
 
@@ -525,12 +526,13 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
         return Response(service.view(row).model_dump_json(), status_code=201 if row.created
                         else 200, media_type="application/json")
 
-    @app.get("/v1/jobs")
+    @app.get("/v1/jobs", responses={404: problem("``after`` names no job of yours")})
     def jobs(request: Request, response: Response, who: Who,
              state: Annotated[str | None, Query(
                  description="Comma-separated states, e.g. queued,running")] = None,
              label: Annotated[list[str] | None, Query(
-                 description="key=value; repeat for jobs with all of them")] = None,
+                 description="key=value, or key (any value); repeat for jobs with all of "
+                             "them")] = None,
              user: Annotated[str | None, Query(description="Only this user's jobs (admins)")]
              = None,
              after: Annotated[str | None, Query(description="The last job id of the page "
@@ -539,16 +541,16 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
         """Your jobs (an admin: everyone's), newest first, a page at a time: the ``Link``
         header's ``rel="next"`` is the next page's URL while there are more."""
         states = tuple(s for s in (state or "").split(",") if s)
-        labels = {}
+        labels: dict[str, str | None] = {}
         for item in label or []:
             key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise unprocessable_query("label", f"{item!r}: give key=value, e.g. sweep=lr")
-            labels[key] = value
+            if key:  # key=value: that value; key alone: any value (Kubernetes' "exists")
+                labels[key] = value if sep else None
         try:
-            rows = store.jobs(who, states, limit + 1, after=after, user=user, labels=labels)
-        except StoreError as e:
-            raise unprocessable_query("after", str(e)) from None
+            rows = store.jobs(who, states, limit + 1, after=after or None, user=user,
+                              labels=labels)
+        except StoreError as e:  # a cursor naming no job (or none of yours)
+            raise HTTPException(404, str(e)) from None
         if len(rows) > limit:
             rows = rows[:limit]
             params = [(k, v) for k, v in request.query_params.multi_items() if k != "after"]
@@ -664,13 +666,13 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
                    for at, n, busy in list(service.backend.samples) if at >= since]
         return Utilisation(total=len(service.backend.devices), samples=samples)
 
-    @app.get("/v1/users")
+    @app.get("/v1/users", responses=ADMINS_ONLY)
     def users(who: Admin) -> list[UserInfo]:
         """Every user, with whether their token is revoked (admins)."""
         return [UserInfo(name=u.name, admin=u.admin, created_at=u.created_at,
                          revoked_at=u.revoked_at) for u in store.users()]
 
-    @app.post("/v1/users/{name}/revoke", responses=NOT_FOUND)
+    @app.post("/v1/users/{name}/revoke", responses={**NOT_FOUND, **ADMINS_ONLY})
     def revoke(name: str, who: Admin) -> UserInfo:
         """The user's token stops working at once (admins); their jobs go on."""
         try:
@@ -679,7 +681,7 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
             raise HTTPException(404, str(e)) from None
         return next(UserInfo(**vars(u)) for u in store.users() if u.name == name)
 
-    @app.post("/v1/users/{name}/rotate", responses=NOT_FOUND)
+    @app.post("/v1/users/{name}/rotate", responses={**NOT_FOUND, **ADMINS_ONLY})
     def rotate(name: str, who: Admin) -> NewToken:
         """A new token for the user, shown once; the old one stops working at once."""
         try:

@@ -358,10 +358,11 @@ class Store:
 
     def jobs(self, who: Principal, states: tuple[str, ...] = (), limit: int = 1000,
              after: str | None = None, user: str | None = None,
-             labels: dict[str, str] | None = None) -> list[JobRow]:
+             labels: dict[str, str | None] | None = None) -> list[JobRow]:
         """Newest first. ``after``: a job id from the previous page (keyset pagination: the
         jobs submitted before it). ``user``: only that user's (an admin's filter; others
-        see only their own anyway). ``labels``: jobs with every one of these labels."""
+        see only their own anyway). ``labels``: jobs with every one of these labels (a
+        None value: the key with any value)."""
         clean = [st for st in states if "\x00" not in st]  # PostgreSQL's text cannot hold NUL
         with Session(self.engine, expire_on_commit=False) as s:
             q = select(JobRow).order_by(JobRow.submitted_at.desc(), JobRow.id.desc())
@@ -371,18 +372,20 @@ class Store:
                 q = q.join(User, User.id == JobRow.user_id).where(User.name == user)
             if states:
                 q = q.where(JobRow.state.in_(clean))
-            if after is not None and "\x00" not in after:
-                cursor = s.get(JobRow, after)
-                if cursor is None:
+            if after is not None:
+                cursor = None if "\x00" in after else s.get(JobRow, after)
+                if cursor is None or not (who.admin or cursor.user_id == who.id):
                     raise StoreError(f"after={after!r} is no job id; give the id of the last "
                                      "job of the previous page (its next link)")
                 q = q.where((JobRow.submitted_at < cursor.submitted_at)
                             | ((JobRow.submitted_at == cursor.submitted_at)
                                & (JobRow.id < cursor.id)))
-            for key, value in (labels or {}).items():
+            for key, value in (labels or {}).items():  # value None: any value
                 tag = LabelRow.__table__.alias()
-                q = q.where(select(tag.c.job_id).where(
-                    tag.c.job_id == JobRow.id, tag.c.key == key, tag.c.value == value).exists())
+                match = select(tag.c.job_id).where(tag.c.job_id == JobRow.id, tag.c.key == key)
+                if value is not None:
+                    match = match.where(tag.c.value == value)
+                q = q.where(match.exists())
             return list(s.scalars(q.limit(limit)))
 
     def events(self, job_id: str, after: int = 0, limit: int = 10_000) -> list[EventRow]:
