@@ -202,8 +202,8 @@ def register(app: typer.Typer, user_app: typer.Typer) -> None:
                 except ClientError as e:
                     err.print(f"{escape(job_id)}: {escape(str(e))}")
                     failed += 1
-            if failed:
-                raise typer.Exit(1)
+            if failed:  # as every other refusal of the CLI
+                raise typer.Exit(2)
         command.__doc__ = doc
         app.command(name)(command)
 

@@ -269,7 +269,9 @@ def test_own_csv_trace_gives_hand_computed_metrics(tmp_path):
     assert fifo["makespan_s"] == pytest.approx(180)
     assert fifo["utilization"] == pytest.approx((100 + 2 * 50 + 30) / (2 * 180))
     assert fifo["mean_queue_s"] == pytest.approx((0 + 90 + 130) / 3)
-    assert fifo["mean_first_feedback_s"] == pytest.approx((0 + 90 + 130) / 3 + 100 * step)
+    # 100 steps each; b's are 2-GPU steps: 200 mini-batches at the 2-GPU throughput
+    two = 200 / default_perf_model().throughput("resnet50", "V100", 2)
+    assert fifo["mean_first_feedback_s"] == pytest.approx((0 + 90 + 130 + 200 * step + two) / 3)
     # c lived 20-180 with 370 job-seconds in the system: 2.3 jobs on average, 1/2.3 of 2 GPUs
     assert fifo["max_ftf_rho"] == pytest.approx(160 / (30 * (370 / 160) / 2))
     assert (fifo["suspends"], fifo["migrations"], fifo["packs"]) == (0, 0, 0)

@@ -174,3 +174,16 @@ def test_once_gandiva_packs_two_jobs_the_map_shows_them_on_one_device(server, jo
     assert {packed.locator("[data-job]").nth(i).get_attribute("data-job")
             for i in range(2)} <= set(jobs)
     expect(page.locator("#jobs td.why", has_text="packed with").first).to_be_visible()
+
+
+def test_the_job_table_shows_the_newest_page_and_older_ones_on_demand(server, jobs, page):
+    page.goto(server.url)
+    page.evaluate("localStorage.setItem('gandiva.jobsPage', '2')")  # pages of two jobs
+    sign_in(page, server)
+    rows = page.locator("#jobs tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.first).to_have_attribute("data-job", jobs[-1])  # newest first
+    page.click("#older-jobs")
+    expect(rows).to_have_count(3)
+    expect(rows.last).to_have_attribute("data-job", jobs[0])
+    expect(page.locator("#older-jobs")).to_be_hidden()  # no more pages

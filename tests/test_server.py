@@ -103,8 +103,14 @@ def test_server_killed_with_sigkill_loses_no_job_and_resumes_from_checkpoints(tm
 
 def test_sigterm_checkpoints_running_jobs_at_their_next_mini_batch_and_a_restart_resumes_there(
         tmp_path):
-    """An upgrade: the server is stopped with SIGTERM and started again. With no periodic
-    checkpoint due (every 300 s), a job still resumes from the step where it was stopped."""
+    """An upgrade: the server is stopped with SIGTERM and started again, during a flood of
+    submissions. With no periodic checkpoint due (every 300 s), a job still resumes from the
+    step where it was stopped; every acknowledged submission is stored once (the client
+    retries with its submission_id until it is acknowledged)."""
+    import threading
+
+    import httpx2
+
     from gandiva.runtime import checkpoint
 
     home, port, db = tmp_path / "home", free_port(), str(tmp_path / "g.db")
@@ -130,6 +136,28 @@ def test_sigterm_checkpoints_running_jobs_at_their_next_mini_batch_and_a_restart
         while http.get(f"/v1/jobs/{job_id}").json()["steps"] == 0:  # its first 100 done
             assert time.monotonic() < deadline
             time.sleep(0.2)
+        acked: dict[str, str] = {}  # submission id -> job id
+        flooding = threading.Event()
+        flooding.set()
+
+        def flood() -> None:  # queued behind the long job (fifo, one slot): none runs
+            with client(port, token) as mine:
+                i = 0
+                while flooding.is_set():
+                    try:
+                        r = mine.post("/v1/jobs", json={
+                            "name": "flood", "command": ["true"], "labels": {"flood": "1"},
+                            "submission_id": f"f{i}"})
+                        if r.status_code in (200, 201):
+                            acked[f"f{i}"] = r.json()["id"]
+                            i += 1
+                    except httpx2.HTTPError:
+                        time.sleep(0.05)  # the server is stopping or starting: retry
+
+        flooder = threading.Thread(target=flood)
+        flooder.start()
+        while len(acked) < 20:
+            time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         out = proc.communicate(timeout=120)[0].decode()
         assert proc.returncode == 0, out
@@ -144,6 +172,18 @@ def test_sigterm_checkpoints_running_jobs_at_their_next_mini_batch_and_a_restart
             time.sleep(0.2)
         kinds = [e["kind"] for e in http.get(f"/v1/jobs/{job_id}/events").json()]
         assert "stopped-for-shutdown" in kinds and "requeued" in kinds
+        before_restart = len(acked)
+        while len(acked) < before_restart + 20:  # and the flood goes on after the restart
+            time.sleep(0.05)
+        flooding.clear()
+        flooder.join(timeout=30)
+        stored, url = [], "/v1/jobs?label=flood%3D1&limit=1000"
+        while url:
+            r = http.get(url)
+            stored += r.json()
+            url = r.links.get("next", {}).get("url")
+        assert sorted(j["id"] for j in stored) == sorted(acked.values())  # none lost, none twice
+        assert {j["submission_id"] for j in stored} == set(acked)
         assert http.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
     finally:
         if proc.poll() is None:

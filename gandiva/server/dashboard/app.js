@@ -20,7 +20,36 @@ class Unauthorised extends Error {}
 
 // ---- the API ----------------------------------------------------------------------------
 
+// jobs per page ("Show older jobs" adds a page); a browser may keep its own size
+const JOBS_PAGE = Number(localStorage.getItem("gandiva.jobsPage")) || 100;
+let jobPages = 1;
+
+// The newest `pages` pages of jobs (newest first), following each answer's Link: rel="next".
+async function fetchJobs(pages) {
+  const jobs = [];
+  let path = `/v1/jobs?limit=${JOBS_PAGE}`;
+  let more = false;
+  for (let page = 0; page < pages && path; page++) {
+    const { data, next } = await apiPage(path);
+    jobs.push(...data);
+    path = next;
+    more = Boolean(next);
+  }
+  return { jobs, more };
+}
+
+async function apiPage(path) {
+  const response = await answer(path);
+  const link = response.headers.get("Link") || "";
+  const next = (link.match(/<([^>]+)>;\s*rel="next"/) || [])[1] || null;
+  return { data: await response.json(), next };
+}
+
 async function api(path) {
+  return (await answer(path)).json();
+}
+
+async function answer(path) {
   let response;
   try {
     response = await fetch(path, {
@@ -36,7 +65,7 @@ async function api(path) {
     const detail = typeof body.detail === "string" ? `: ${body.detail}` : "";
     throw new Error(`GET ${path} answered ${response.status} ${response.statusText}${detail}`);
   }
-  return response.json();
+  return response;
 }
 
 // ---- signing in -------------------------------------------------------------------------
@@ -103,10 +132,13 @@ function showProblems(problems) {
 async function refreshOverview() {
   const since = Math.floor(Date.now() / 1000 - WINDOW_S);
   const [jobs, cluster, utilisation] = await Promise.allSettled([
-    api("/v1/jobs"), api("/v1/cluster"), api(`/v1/utilisation?since=${since}`),
+    fetchJobs(jobPages), api("/v1/cluster"), api(`/v1/utilisation?since=${since}`),
   ]);
   const failures = [jobs, cluster, utilisation].filter((r) => r.status === "rejected");
-  if (jobs.status === "fulfilled") renderJobs(jobs.value);
+  if (jobs.status === "fulfilled") {
+    renderJobs(jobs.value.jobs);
+    $("#older-jobs").hidden = !jobs.value.more;
+  }
   if (cluster.status === "fulfilled") renderCluster(cluster.value);
   if (utilisation.status === "fulfilled") renderUtilisation(utilisation.value);
   if (failures.length) {
@@ -437,6 +469,10 @@ $("#jobs tbody").addEventListener("click", (event) => {
   if (row) select(row.dataset.job);
 });
 $("#detail-close").addEventListener("click", () => select(null));
+$("#older-jobs").addEventListener("click", () => {
+  jobPages += 1;
+  refreshOverview().catch(() => {}); // the refresh loop reports failures
+});
 
 const stored = localStorage.getItem(TOKEN_KEY);
 if (stored) signIn(stored);
