@@ -322,3 +322,22 @@ def test_the_simulator_and_the_cli_client_import_neither_torch_nor_the_server_st
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_server_logs_as_json_are_one_object_per_line_with_level_and_logger():
+    import io
+    import logging
+    import logging.config
+
+    from gandiva.cli import log_config
+
+    config = log_config("info", as_json=True)
+    stream = io.StringIO()
+    config["handlers"]["main"]["stream"] = stream
+    logging.config.dictConfig(config)
+    logging.getLogger("gandiva.server").info("taking up %d jobs", 3)
+    logging.getLogger("gandiva.server").debug("not at info")
+    (line,) = stream.getvalue().splitlines()
+    entry = json.loads(line)
+    assert (entry["level"], entry["logger"], entry["message"]) == (
+        "info", "gandiva.server", "taking up 3 jobs")

@@ -127,3 +127,24 @@ def test_the_cli_client_runs_without_a_server_module_import_error():
     r = subprocess.run([sys.executable, "-c", "import gandiva.cli_jobs, gandiva.client"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_labels_json_output_cancel_by_label_and_submit_follow_exit_code(server, alice, tmp_path):
+    import json
+
+    for i in range(2):
+        cli("submit", spec(tmp_path, f"name: sweep{i}\ncommand: python cnn.py --steps 100000\n"
+                                     "labels: {sweep: lr}\n"), config=alice)
+    listed = json.loads(cli("jobs", "-l", "sweep=lr", "--json", config=alice).stdout)
+    assert [j["name"] for j in listed] == ["sweep1", "sweep0"]  # newest first
+    assert all(j["labels"] == {"sweep": "lr"} for j in listed)
+    cancelled = cli("cancel", "-l", "sweep=lr", config=alice)
+    assert len(cancelled.stdout.splitlines()) == 2  # one line per job it asked to cancel
+    wait_for(lambda: {j["state"] for j in json.loads(cli(
+        "jobs", "-l", "sweep=lr", "--json", config=alice).stdout)}, lambda s: s == {"cancelled"})
+    shown = json.loads(cli("show", listed[0]["id"], "--json", config=alice).stdout)
+    assert [e["kind"] for e in shown["events"]][:1] == ["submitted"]
+    # submit -f follows the log, then says how the job ended in its exit code
+    failing = cli("submit", "-f", spec(tmp_path, "name: oops\ncommand: python -c 'raise "
+                                                 "SystemExit(3)'\n"), config=alice, check=False)
+    assert failing.returncode == 1 and "failed" in failing.stderr
