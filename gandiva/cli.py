@@ -253,6 +253,7 @@ DEFAULT_HOME = Path("gandiva-home")  # the server's work directory: database, jo
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+GRACE_S = 5  # on SIGTERM, how long open requests and streams get before the drain starts
 
 
 class JsonLogFormatter(logging.Formatter):
@@ -377,9 +378,13 @@ def server(
     for stop in (signal.SIGTERM, signal.SIGINT):
         signal.signal(stop, lambda signum, frame: log.info("stopping on signal %d", signum))
     try:
+        # open streams (logs -f, the event stream) get GRACE_S to end, then are cut: they
+        # must not hold the drain back
         uvicorn.run(create_app(service, max_body_bytes=max_body_bytes), host=host, port=port,
-                    log_config=config, log_level=log_level.lower(), access_log=access_log)
+                    log_config=config, log_level=log_level.lower(), access_log=access_log,
+                    timeout_graceful_shutdown=GRACE_S)
     finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C aborts the drain
         log.info("stopping: checkpointing every job at its next mini-batch (at most %g s)",
                  drain)
         loop_backend.stop(drain_s=drain)

@@ -186,11 +186,16 @@ def register(app: typer.Typer, user_app: typer.Typer) -> None:
     def verb(name: str, doc: str) -> None:
         def command(job_ids: Annotated[list[str] | None, typer.Argument(
                         help="Job ids (as `gandiva jobs` lists them)")] = None,
-                    label: Labels = None, url: Url = None, token: Token = None) -> None:
+                    label: Labels = None,
+                    all_users: Annotated[bool, typer.Option(
+                        "--all-users", help="With --label, an admin's: everyone's jobs, not "
+                                            "only their own")] = False,
+                    url: Url = None, token: Token = None) -> None:
             client = run(lambda: _client(url, token))
             ids = list(job_ids or [])
-            if label:  # every unfinished job with these labels
-                ids += [j["id"] for j in run(lambda: client.jobs(None, _labels(label)))
+            if label:  # every unfinished job of yours with these labels
+                me = None if all_users else run(client.whoami)["name"]
+                ids += [j["id"] for j in run(lambda: client.jobs(None, _labels(label), user=me))
                         if j["state"] not in ("done", "failed", "cancelled")]
             if not job_ids and not label:
                 raise _fail(f"name the jobs to {name}: ids, or --label key=value")

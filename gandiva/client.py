@@ -122,10 +122,11 @@ class Client:
         return self.request("POST", "/v1/jobs", json=spec)
 
     def jobs(self, state: str | None = None, labels: dict[str, str] | None = None,
-             limit: int | None = None) -> list[dict[str, Any]]:
+             limit: int | None = None, user: str | None = None) -> list[dict[str, Any]]:
         """Newest first: every page (following the ``Link: rel="next"`` header) until
-        ``limit`` jobs, if given."""
+        ``limit`` jobs, if given; ``user``: only theirs (an admin's filter)."""
         params: list[tuple[str, str]] = [("state", state)] if state else []
+        params += [("user", user)] if user else []
         params += [("label", f"{k}={v}") for k, v in (labels or {}).items()]
         out: list[dict[str, Any]] = []
         path: str | None = "/v1/jobs"

@@ -298,7 +298,12 @@ class Service:
         return cwd
 
     def submit(self, who: Principal, req: JobRequest) -> JobRow:
-        """Store and queue a job; a ``submission_id`` used before returns that job."""
+        """Store and queue a job; a ``submission_id`` used before returns that job (before
+        any other check: a retry of a job that exists is never refused)."""
+        if req.submission_id is not None:
+            earlier = self.store.by_submission(who, req.submission_id)
+            if earlier is not None:
+                return earlier
         cwd = self.workdir(who, req)
         if req.gpus > len(self.backend.devices):
             raise unprocessable("gpus", f"{req.gpus} GPUs asked; this cluster has "
@@ -308,16 +313,19 @@ class Service:
                 raise HTTPException(429, f"you have {self.unfinished[who.id]} jobs not yet "
                                     f"finished, the limit per user "
                                     f"(--max-unfinished-per-user); wait for some or cancel them")
-            self.unfinished[who.id] += 1  # held for this submission while it is stored
+            self.unfinished[who.id] += 1  # this submission's place, while it is stored
+        row = None
         try:
             row = self.store.add_job(who, req)  # committed before the scheduler sees it
         finally:
             with self._count_lock:
-                self.unfinished[who.id] -= 1
-        if not row.created:  # a retry: the first submission was queued already
+                if row is not None and row.created:
+                    self._counted[row.id] = who.id  # the place becomes the job's
+                else:
+                    self.unfinished[who.id] -= 1
+        if not row.created:  # a concurrent retry stored it first
             return row
         self.metrics.submitted.inc()
-        self._count(row.id, who.id)
         self.owners[row.id] = (who.id, req.name)
         self.backend.submit(*to_scheduler(row.id, req, cwd), time_limit=req.time_limit)
         return row

@@ -212,7 +212,7 @@ class Store:
     def revoke(self, name: str) -> None:
         """The user's token stops working at once; their jobs stay (an admin sees them)."""
         with Session(self.engine) as s, s.begin():
-            user = s.scalar(select(User).where(User.name == name))
+            user = None if "\x00" in name else s.scalar(select(User).where(User.name == name))
             if user is None:
                 raise StoreError(f"no user {name!r}")
             user.revoked_at = time.time()
@@ -223,7 +223,7 @@ class Store:
         working at once."""
         token = secrets.token_urlsafe(32)
         with Session(self.engine) as s, s.begin():
-            user = s.scalar(select(User).where(User.name == name))
+            user = None if "\x00" in name else s.scalar(select(User).where(User.name == name))
             if user is None:
                 raise StoreError(f"no user {name!r}")
             user.token_hash, user.revoked_at = _hash(token), None
@@ -274,6 +274,8 @@ class Store:
         return JobRow(**job)
 
     def by_submission(self, who: Principal, submission_id: str) -> JobRow | None:
+        if "\x00" in submission_id:
+            return None
         with Session(self.engine, expire_on_commit=False) as s:
             row = s.scalar(select(JobRow).where(JobRow.user_id == who.id,
                                                 JobRow.submission_id == submission_id))
@@ -364,6 +366,9 @@ class Store:
         see only their own anyway). ``labels``: jobs with every one of these labels (a
         None value: the key with any value)."""
         clean = [st for st in states if "\x00" not in st]  # PostgreSQL's text cannot hold NUL
+        if "\x00" in (user or "") or any("\x00" in k + (v or "")
+                                          for k, v in (labels or {}).items()):
+            return []  # no name or label holds NUL
         with Session(self.engine, expire_on_commit=False) as s:
             q = select(JobRow).order_by(JobRow.submitted_at.desc(), JobRow.id.desc())
             if not who.admin:
