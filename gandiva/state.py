@@ -7,6 +7,7 @@ leave it half-updated.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -418,8 +419,7 @@ class Cluster:
         if up:
             self._by_free[len(free)].pop(gpu.node)
             self._free_total += 1
-        free.append(gpu.id)
-        free.sort()
+        bisect.insort(free, gpu.id)
         if up:
             self._by_free[len(free)][gpu.node] = None
 

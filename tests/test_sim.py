@@ -27,7 +27,7 @@ from gandiva.sim.engine import (
 )
 from gandiva.sim.perf import default_perf_model
 from gandiva.spec import JobSpec
-from gandiva.state import Cluster, InvariantError
+from gandiva.state import Cluster, InvariantError, JobStatus
 
 PERF = default_perf_model()
 MODEL = "resnet50"
@@ -251,6 +251,66 @@ def test_migration_stalls_the_job_for_its_checkpoint_move(cluster, across):
     assert jcts(result)["a"] == pytest.approx(1000 + stall)
     assert records(result)["a"].gpus == () and sim.cluster.jobs["a"].migrations == 1
     assert summarize(result)["migrations"] == 1
+
+
+class TakeTurns:
+    """Time-slices every job on GPU 0 by hand: each ``quantum`` the running job is suspended
+    and the next one, in arrival order, starts or resumes. ``sim`` is set by the test; at
+    every turn the policy notes how many completion events each job has queued."""
+
+    name = "take-turns"
+
+    def __init__(self, quantum: float) -> None:
+        self.quantum = quantum
+        self.sim: Simulator | None = None
+        self.most_queued = 0
+
+    def decide(self, event, cluster):
+        if isinstance(event, E.Arrival) and not cluster.running:
+            yield A.Place(event.job.id, (0,))
+        if isinstance(event, E.Arrival | E.Tick) and cluster.finished < len(cluster.jobs):
+            yield A.Wake((event.time // self.quantum + 1) * self.quantum)
+        if isinstance(event, E.Tick):
+            self.most_queued = max(self.most_queued,
+                                   *(len(r.queued) for r in self.sim.records.values()))
+            ready = [j for j in cluster.jobs.values()
+                     if j.status in (JobStatus.QUEUED, JobStatus.SUSPENDED)]
+            if not ready:
+                return
+            for jid in list(cluster.running):
+                yield A.Suspend(jid)
+            nxt = min(ready, key=lambda j: (j.start_time is not None, j.seq))
+            if nxt.status is JobStatus.SUSPENDED:
+                yield A.Resume(nxt.id, (0,))
+            else:
+                yield A.Place(nxt.id, (0,))
+
+
+def test_a_time_sliced_job_finishes_when_its_work_is_done_with_one_completion_queued():
+    # a and b alternate on one GPU every 60 s; a resume stalls the job for its suspend and
+    # resume. The completion planned at a turn's start is void once the job is suspended;
+    # it stays queued and is planned again when it comes, rather than one queued per turn
+    policy = TakeTurns(60.0)
+    sim = Simulator(Cluster.build("1x1", "V100"), policy, (job("a", 0, 1, 300),
+                                                          job("b", 0, 1, 1000)))
+    policy.sim = sim
+    result = sim.run()
+    resume = PERF.suspend_resume_time(CKPT)
+    left, t, turns, ran, finish = {"a": 300.0, "b": 1000.0}, 0.0, 0, set(), {}
+    while left:  # by hand: turns in arrival order; the last job left runs to its end
+        jid = ("a", "b")[turns % 2] if len(left) == 2 else next(iter(left))
+        stall = resume if jid in ran else 0.0
+        ran.add(jid)
+        run = min(left[jid], 60.0 - stall) if len(left) == 2 else left[jid]
+        left[jid] -= run
+        if left[jid] <= 1e-9:
+            finish[jid] = t + stall + run
+            del left[jid]
+        t += 60.0
+        turns += 1
+    assert jcts(result) == pytest.approx(finish)
+    assert policy.most_queued == 1
+    assert result.counts["suspends"] == 10  # five turns each before a is done
 
 
 def test_packed_jobs_progress_at_the_packed_fractions():

@@ -61,7 +61,9 @@ class JobRecord:
     seg_start: float = 0.0  # when the current placement began (checkpoint clock)
     tl_start: float = 0.0  # when the current timeline segment began
     shared: bool = False  # whether the current timeline segment shares a GPU
-    version: int = 0
+    version: int = 0  # bumped at every re-rate: profile reports planned before are void
+    due: float | None = None  # completion planned at the last re-rate; None while stopped
+    queued: list[float] = field(default_factory=list)  # its completion events, latest first
     gpus: tuple[int, ...] = ()
     last_servers: frozenset[int] = frozenset()
     start: float | None = None
@@ -115,6 +117,7 @@ class Simulator:
         self._gpu_types = sorted({g.type for g in cluster.gpus})
         self._biggest_server = max(n.size for n in cluster.nodes)
         self._wakes: set[float] = set()
+        self._alone: dict[tuple[str, tuple[int, ...]], float] = {}
         self._alloc_area = 0.0
         self._active_area = 0.0
         self._t_prev = 0.0
@@ -165,14 +168,16 @@ class Simulator:
         stride = max(1, total // 200)
         while heap:
             t, _, _, kind, payload = heapq.heappop(heap)
+            if kind == _DONE:
+                rec = self.records[payload]  # type: ignore[index]
+                rec.queued.pop()
+                if t != rec.due:  # it lost time since this was planned: plan again
+                    self._queue_done(rec)
+                    continue
             self._account(t)
             self.now = t
             self._events += 1
             if kind == _DONE:
-                jid, version = payload  # type: ignore[misc]
-                rec = self.records[jid]
-                if version != rec.version:
-                    continue
                 self._finish(rec)
                 finished += 1
                 if on_progress and finished % stride == 0:
@@ -248,19 +253,31 @@ class Simulator:
                     rec.first_feedback = begin + (mark - before) / rec.rate
         rec.t_last = now
 
-    def _true_rate(self, rec: JobRecord) -> float:
-        if not rec.gpus:
-            return 0.0
-        gpus = [self.cluster.gpus[g] for g in rec.gpus]
+    def _alone_rate(self, model: str, placement: tuple[int, ...]) -> float:
+        """The job's rate on these GPUs with no job sharing them (remembered: a time-sliced
+        job comes back to the same few GPU sets round after round)."""
+        key = (model, placement)
+        rate = self._alone.get(key)
+        if rate is not None:
+            return rate
+        gpus = [self.cluster.gpus[g] for g in placement]
         # a synchronous job goes at the pace of its slowest GPU type
-        rate = min(self.perf.throughput(rec.model, t, len(gpus)) for t in {g.type for g in gpus})
+        rate = min(self.perf.throughput(model, t, len(gpus)) for t in {g.type for g in gpus})
         servers = {g.node for g in gpus}
-        cross_socket = self.cluster.splits_sockets(rec.gpus)
+        cross_socket = self.cluster.splits_sockets(placement)
         # a trace's duration was measured on the fewest servers that hold the job; only a
         # wider spread than that costs extra
         fewest = -(-len(gpus) // self._biggest_server)
-        rate *= (self.perf.locality(rec.model, len(servers), cross_socket)
-                 / self.perf.locality(rec.model, fewest, False))
+        rate *= (self.perf.locality(model, len(servers), cross_socket)
+                 / self.perf.locality(model, fewest, False))
+        self._alone[key] = rate
+        return rate
+
+    def _true_rate(self, rec: JobRecord) -> float:
+        if not rec.gpus:
+            return 0.0
+        rate = self._alone_rate(rec.model, rec.gpus)
+        gpus = [self.cluster.gpus[g] for g in rec.gpus]
         slowest = 1.0
         for g in gpus:
             if len(g.jobs) > 1:
@@ -279,12 +296,24 @@ class Simulator:
                 self._mark_sharing(rec)
             rec.rate = self._true_rate(rec)
             rec.version += 1
+            rec.due = None
             if rec.rate > 0.0:
                 begin = max(self.now, rec.stall_until)
-                self._push(begin + (rec.work - rec.done) / rec.rate, _DONE, (rec.spec.id,
-                                                                                rec.version))
+                rec.due = begin + (rec.work - rec.done) / rec.rate
+                self._queue_done(rec)
                 warmup = min(self.config.profile_after * len(rec.gpus) / rec.rate, 60.0)
                 self._push(begin + warmup, _PROFILE, (rec.spec.id, rec.version))
+
+    def _queue_done(self, rec: JobRecord) -> None:
+        """Queue the job's planned completion unless an earlier one is queued already.
+
+        A time-sliced job is re-rated at every turn, and its completion only moves later while
+        it waits; so rather than one event per turn (all but the last void), the earliest
+        stays queued and, when it comes and the job is not done, plans again.
+        """
+        if rec.due is not None and (not rec.queued or rec.due < rec.queued[-1]):
+            rec.queued.append(rec.due)
+            self._push(rec.due, _DONE, rec.spec.id)
 
     def _report(self, rec: JobRecord) -> None:
         sample = self._sample(rec)
@@ -317,7 +346,12 @@ class Simulator:
         return [self.records[j] for j in sorted(self.cluster.jobs_on(gpus),
                                                 key=lambda j: jobs[j].seq)]
 
-    def _neighbours(self, gpus: Iterable[int], but: str) -> list[JobRecord]:
+    def _neighbours(self, gpus: tuple[int, ...], but: str) -> list[JobRecord]:
+        """Jobs sharing ``gpus`` with ``but``, in arrival order. Most GPUs hold one job at most,
+        so the common answer, none, is found without building and sorting a set."""
+        on = self.cluster.gpus
+        if all(not on[g].jobs or on[g].jobs == [but] for g in gpus):
+            return []
         return [r for r in self._on(gpus) if r.spec.id != but]
 
     def _stop_segment(self, rec: JobRecord) -> None:
@@ -360,6 +394,10 @@ class Simulator:
                 self._push(action.time, _TICK, None)
             return
         rec = self.records[action.job_id]
+        if isinstance(action, A.Suspend | A.Unpack):  # the most common action: time-slicing
+            self.counts["unpacks" if isinstance(action, A.Unpack) else "suspends"] += 1
+            self._move(rec, (), 0.0)  # the suspend half is charged on resume
+            return
         ckpt = self.perf.profile(rec.model).checkpoint_mb
         new = cluster.jobs[action.job_id].gpus
         servers = frozenset(cluster.gpus[g].node for g in new)
@@ -381,9 +419,6 @@ class Simulator:
             cost = (self.perf.migration_time(ckpt, True) if across
                     else self.perf.suspend_resume_time(ckpt))
             self._move(rec, new, cost)
-        elif isinstance(action, A.Suspend | A.Unpack):
-            self.counts["unpacks" if isinstance(action, A.Unpack) else "suspends"] += 1
-            self._move(rec, (), 0.0)  # the suspend half is charged on resume
         elif isinstance(action, A.Migrate | A.Grow | A.Shrink):
             key = {A.Migrate: "migrations", A.Grow: "grows", A.Shrink: "shrinks"}[type(action)]
             self.counts[key] += 1
@@ -406,6 +441,7 @@ class Simulator:
         rec.gpus = ()
         rec.rate = 0.0
         rec.version += 1
+        rec.due = None
         self.scheduler.handle(E.Departure(self.now, rec.spec.id))
         self._reflow(n for n in neighbours if n.gpus)
 
@@ -425,5 +461,6 @@ class Simulator:
             rec.gpus = ()
             rec.rate = 0.0
             rec.version += 1
+            rec.due = None
         self.scheduler.handle(E.Failure(self.now, node))
         self._reflow(n for n in survivors.values() if n.gpus)

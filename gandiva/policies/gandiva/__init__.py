@@ -81,6 +81,7 @@ class Gandiva:
         self.solo_mbt: dict[str, float] = {}
         self.packed_mbt: dict[str, float] = {}
         self.trials: dict[str, str] = {}  # packed guest -> host, awaiting judgement
+        self.recheck_trials = False  # a trial may have ended or become judgeable since
         self.bad_pairs: set[frozenset[str]] = set()
         self.pack_gains: list[float] = []
         self.spread: dict[str, None] = {}
@@ -108,6 +109,8 @@ class Gandiva:
         if self.book is None:
             self.book = Book.of(cluster)
         touched: set[int] = set()
+        if not isinstance(event, E.ProfileSample):
+            self.recheck_trials = True  # this event, or what follows it, may end a trial
         if isinstance(event, E.Arrival):
             job = cluster.jobs[event.job.id]
             self.unassigned.add(job)
@@ -175,11 +178,13 @@ class Gandiva:
         """A round of time-slicing on ``servers`` (and packing where they stay over-subscribed)."""
         yield from timeslice.rotate(self, cluster, servers, tick)
         for server in sorted(servers):
+            waiting = self.book.has_waiting(server, cluster)  # spreading out leaves it so
             if self.pack:
                 yield from packing.spread_out(self, cluster, server)
-                if self.book.waiting(server, cluster):
+                if waiting:
                     yield from packing.try_pack(self, cluster, server)
-            if self.book.waiting(server, cluster):
+                    waiting = self.book.has_waiting(server, cluster)
+            if waiting:
                 self.timer(timeslice.next_round(self, cluster.now), "slice", server)
 
     def _place_waiting(self, cluster: Cluster) -> Iterator[A.Action]:

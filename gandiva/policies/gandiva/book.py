@@ -98,6 +98,12 @@ class Book:
             self.members[s].pop(job.id, None)
             self.demand[s] -= share if share is not None else self.size[s]
 
+    def has_waiting(self, server: int, cluster: Cluster) -> bool:
+        """Does a job assigned to ``server`` wait for a time slice? (``waiting`` without the
+        list, for the checks made at every round.)"""
+        jobs = cluster.jobs
+        return any(jobs[j].status is not JobStatus.RUNNING for j in self.members[server])
+
     def waiting(self, server: int, cluster: Cluster) -> list[Job]:
         """Jobs assigned to ``server`` that are not running: they wait for a time slice."""
         return [cluster.jobs[j] for j in self.members[server]

@@ -39,7 +39,7 @@ def grow(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
     since = p.idle_since.pop(server, None)
     if since is None or cluster.now - since < p.grow_idle_s - 1e-9 or p.unassigned:
         return
-    if p.book.waiting(server, cluster):
+    if p.book.has_waiting(server, cluster):
         return
     for job in sorted(_growable(p, cluster, server), key=lambda j: j.seq):
         free = cluster.free_gpus(server)

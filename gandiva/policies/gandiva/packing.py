@@ -31,6 +31,7 @@ def observe(p: Gandiva, cluster: Cluster, sample: E.ProfileSample) -> None:
         return
     if shares_gpu(cluster, job):
         p.packed_mbt[job.id] = sample.mini_batch_time
+        p.recheck_trials = True
     else:
         p.solo_mbt[job.id] = sample.mini_batch_time
         p.packed_mbt.pop(job.id, None)
@@ -42,6 +43,8 @@ def try_pack(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
     waiting = [j for j in p.book.waiting(server, cluster)
                if j.num_gpus == 1 and j.id in p.solo_mbt and j.utilization is not None
                and j.memory_gb is not None and j.id not in p.trials]
+    if not waiting:
+        return
     hosts = [cluster.jobs[j] for j in p.book.members[server]]
     hosts = [j for j in hosts if j.status is JobStatus.RUNNING and j.num_gpus == 1
              and j.utilization is not None and j.memory_gb is not None
@@ -64,7 +67,14 @@ def try_pack(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
 
 
 def judge(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
-    """Keep or undo each packing trial once both jobs have a packed profile sample."""
+    """Keep or undo each packing trial once both jobs have a packed profile sample.
+
+    Trials are looked at again only when a packed sample came or the cluster changed since
+    the last look (``recheck_trials``): most samples are solo ones, of time-sliced jobs.
+    """
+    if not p.recheck_trials:
+        return
+    p.recheck_trials = False
     for guest_id, host_id in list(p.trials.items()):
         guest, host = cluster.jobs[guest_id], cluster.jobs[host_id]
         together = (guest.status is JobStatus.RUNNING and host.status is JobStatus.RUNNING
@@ -80,6 +90,7 @@ def judge(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
         if gain <= 1.0 + p.pack_min_gain:
             p.bad_pairs.add(frozenset((guest_id, host_id)))
             yield A.Unpack(guest_id)
+            p.recheck_trials = True
 
 
 def spread_out(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:

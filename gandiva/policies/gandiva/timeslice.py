@@ -49,11 +49,13 @@ def order_key(p: Gandiva, job: Job, now: float) -> tuple[float, float, int]:
 
 
 def free_elsewhere(p: Gandiva, cluster: Cluster, server: int, count: int) -> int | None:
-    """A server other than ``server`` with ``count`` free GPUs and no job waiting for them."""
-    for node in cluster.nodes:
-        if (node.up and node.id != server and len(cluster.free_gpus(node.id)) >= count
-                and not p.book.waiting(node.id, cluster)):
-            return node.id
+    """The first server (by id) other than ``server`` with ``count`` free GPUs and no job
+    waiting for them."""
+    roomy = sorted(s for have in range(count, cluster.max_free_bucket + 1)
+                   for s in cluster.nodes_with_free(have))
+    for s in roomy:
+        if s != server and not p.book.has_waiting(s, cluster):
+            return s
     return None
 
 
@@ -78,24 +80,26 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool) -> Itera
     priority changed) running jobs go before waiting ones of the same priority, so no turn is
     cut short but for a job of higher priority.
     """
-    book, now = p.book, cluster.now
+    book, now, home = p.book, cluster.now, p.book.home
     S = set(servers)
     for s in servers:
         for jid in book.members[s]:
-            S.update(book.home[jid])
+            S.update(home[jid])
     jobs = list({jid: cluster.jobs[jid] for s in sorted(S) for jid in book.members[s]}.values())
-    room = {s: cluster.nodes[s].size for s in S}
+    size = {s: cluster.nodes[s].size for s in S}
+    room = dict(size)
+    gangs = {j.id for j in jobs if len(home[j.id]) > 1}
 
     def whole(job: Job) -> bool:  # a gang whose every server is in this round
-        return all(t in room for t in book.home[job.id])
+        return all(t in room for t in home[job.id])
 
     def take(job: Job) -> None:
-        if is_gang(p, job):
-            for t in book.home[job.id]:
+        if job.id in gangs:
+            for t in home[job.id]:
                 if t in room:
                     room[t] = 0
         else:
-            room[book.home[job.id][0]] -= len(job.gpus) or job.num_gpus
+            room[home[job.id][0]] -= len(job.gpus) or job.num_gpus
 
     def key(job: Job) -> tuple:
         prio, turn, seq = order_key(p, job, now)
@@ -112,16 +116,16 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool) -> Itera
         return (prio, 2, -turn, seq)
 
     keep = {j.id for j in jobs
-            if j.status is JobStatus.RUNNING and is_gang(p, j) and not whole(j)}
+            if j.status is JobStatus.RUNNING and j.id in gangs and not whole(j)}
     for job in jobs:
         if job.id in keep:
             take(job)
     chosen: list[Job] = []
     for job in sorted((j for j in jobs if j.id not in keep), key=key):
-        if is_gang(p, job):
-            fits = whole(job) and all(room[t] == cluster.nodes[t].size for t in book.home[job.id])
+        if job.id in gangs:
+            fits = whole(job) and all(room[t] == size[t] for t in home[job.id])
         else:
-            fits = job.num_gpus <= room[book.home[job.id][0]]
+            fits = job.num_gpus <= room[home[job.id][0]]
         if fits:
             chosen.append(job)
             take(job)
@@ -130,8 +134,8 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool) -> Itera
         if job.status is not JobStatus.RUNNING or job.id in run:
             continue
         elsewhere = None
-        if not is_gang(p, job) and any(j.priority > job.priority for j in chosen):
-            elsewhere = free_elsewhere(p, cluster, book.home[job.id][0], job.num_gpus)
+        if job.id not in gangs and any(j.priority > job.priority for j in chosen):
+            elsewhere = free_elsewhere(p, cluster, home[job.id][0], job.num_gpus)
         if elsewhere is not None:
             # a lower-priority job moves away rather than stop, where GPUs are free
             yield A.Migrate(job.id, gpus_on(cluster, elsewhere, job.num_gpus))
@@ -142,7 +146,7 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool) -> Itera
         if job.status is JobStatus.RUNNING:
             continue
         gpus: list[int] = []
-        for t in book.home[job.id]:
+        for t in home[job.id]:
             gpus.extend(gpus_on(cluster, t, min(job.num_gpus - len(gpus),
                                                 len(cluster.free_gpus(t)))))
         if job.status is JobStatus.SUSPENDED:
