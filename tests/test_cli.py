@@ -334,9 +334,15 @@ def test_server_logs_as_json_are_one_object_per_line_with_level_and_logger():
     config = log_config("info", as_json=True)
     stream = io.StringIO()
     config["handlers"]["main"]["stream"] = stream
-    logging.config.dictConfig(config)
-    logging.getLogger("gandiva.server").info("taking up %d jobs", 3)
-    logging.getLogger("gandiva.server").debug("not at info")
+    loggers = [logging.getLogger(name) for name in config["loggers"]]
+    saved = [(lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+    try:
+        logging.config.dictConfig(config)
+        logging.getLogger("gandiva.server").info("taking up %d jobs", 3)
+        logging.getLogger("gandiva.server").debug("not at info")
+    finally:  # the rest of the test process logs as before
+        for lg, (handlers, level, propagate) in zip(loggers, saved, strict=True):
+            lg.handlers[:], lg.level, lg.propagate = handlers, level, propagate
     (line,) = stream.getvalue().splitlines()
     entry = json.loads(line)
     assert (entry["level"], entry["logger"], entry["message"]) == (
