@@ -143,6 +143,15 @@ def simulate(
         table.add_row(label, *(fmt(s[key], kind) for s in summaries.values()))
     table.add_row("wall time", *(f"{s['wall_s']:.2f} s" for s in summaries.values()))
     console.print(table)
+    widths = Table(title="where jobs of each width spent their time (mean per finished job)")
+    for col in ("policy", "GPUs", "jobs", "JCT", "queue", "sliced out", "running", "stalled",
+                "alone"):
+        widths.add_column(col, justify="right")
+    for p, s in summaries.items():
+        for w, d in s["by_width"].items():
+            widths.add_row(p, w, f"{d['jobs']:,}", *(fmt(d[k], "duration") for k in (
+                "mean_jct_s", "queue_s", "sliced_out_s", "running_s", "stalled_s", "alone_s")))
+    console.print(widths)
     for note in sorted({n for r in results.values() for n in r.notes}):
         console.print(f"[dim]note: {note}[/]")
 

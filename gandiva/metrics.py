@@ -45,6 +45,34 @@ def ftf_rho(result: SimResult) -> list[float]:
     return rhos
 
 
+WIDTHS = (("1", 1, 1), ("2-4", 2, 4), ("5-8", 5, 8), ("9+", 9, 1 << 30))
+
+
+def by_width(result: SimResult) -> dict[str, dict[str, float]]:
+    """Where finished jobs of each width spent their time, mean seconds per job: waiting for
+    their first GPUs (queue), suspended or waiting for their turn after that (sliced out),
+    on GPUs making progress (running: above ``alone`` when packed, spread or on slower GPUs),
+    and stalled on GPUs (suspend/resume, migration, restore). Queue + sliced out + running +
+    stalled = JCT. Only widths with finished jobs appear."""
+    out = {}
+    for label, low, high in WIDTHS:
+        done = [r for r in result.jobs if r.finish is not None and r.start is not None
+                and low <= r.spec.num_gpus <= high]
+        if not done:
+            continue
+        n = len(done)
+        out[label] = {
+            "jobs": n,
+            "mean_jct_s": sum(r.finish - r.spec.submit_time for r in done) / n,
+            "queue_s": sum(r.start - r.spec.submit_time for r in done) / n,
+            "sliced_out_s": sum(r.finish - r.start - r.held_s for r in done) / n,
+            "running_s": sum(r.held_s - r.stall_s for r in done) / n,
+            "stalled_s": sum(r.stall_s for r in done) / n,
+            "alone_s": sum(r.solo_time for r in done) / n,
+        }
+    return out
+
+
 def summarize(result: SimResult) -> dict[str, Any]:
     """The numbers ``gandiva simulate`` prints and writes to ``--json``."""
     done = [r for r in result.jobs if r.finish is not None]
@@ -77,4 +105,5 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "mean_ftf_rho": _mean(rhos),
         "jobs": len(result.jobs),
         "finished": len(done),
+        "by_width": by_width(result),
     }

@@ -25,6 +25,10 @@ COLUMNS = (
 )
 
 
+# the columns of the breakdown by job width (gandiva.metrics.by_width)
+BREAKDOWN = ("mean_jct_s", "queue_s", "sliced_out_s", "running_s", "stalled_s", "alone_s")
+
+
 def fmt(value: float, kind: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -136,6 +140,10 @@ def write_report(
         + "".join(f"<td>{fmt(s[key], kind)}</td>" for key, _, kind in COLUMNS) + "</tr>"
         for name, s in summaries.items()
     )
+    widths = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{html.escape(w)}</td><td>{d['jobs']}</td>"
+        + "".join(f"<td>{fmt(d[k], 'duration')}</td>" for k in BREAKDOWN) + "</tr>"
+        for name, s in summaries.items() for w, d in s.get("by_width", {}).items())
     notes = sorted({n for r in results.values() for n in r.notes})
     notes_html = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
     figs = "".join(f'<p><img src="{p}" alt="{p}"></p>' for p in images)
@@ -147,6 +155,10 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child{{t
 <h1>gandiva simulate: {html.escape(title)}</h1>
 <p>cluster {html.escape(cluster)}</p>
 <table><tr><th>policy</th>{head}</tr>{rows}</table>
+<h2>Where jobs of each width spent their time (mean per finished job)</h2>
+<table><tr><th>policy</th><th>GPUs</th><th>jobs</th>{"".join(
+    f"<th>{html.escape(k.removesuffix('_s').replace('_', ' '))}</th>" for k in BREAKDOWN)}</tr>
+{widths}</table>
 <ul>{notes_html}</ul>
 {figs}
 </body></html>

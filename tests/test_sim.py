@@ -429,3 +429,20 @@ def test_percentile_interpolates_linearly():
     assert percentile([1, 2, 3, 4, 5], 95) == pytest.approx(4.8)
     assert percentile([7], 99) == 7
 
+
+
+def test_the_breakdown_by_width_splits_each_jct_into_queue_sliced_out_running_and_stalls():
+    trace = (job("a", 0, 1, 1000), job("b", 0, 1, 1000), job("w", 0, 2, 500))
+    fifo, _ = simulate("1x2", make_policy("fifo"), *trace)
+    one = summarize(fifo)["by_width"]["1"]
+    # a and b run at once on the two GPUs; w waits for both, then runs alone
+    assert (one["jobs"], one["queue_s"], one["sliced_out_s"], one["stalled_s"]) == (2, 0, 0, 0)
+    assert one["running_s"] == pytest.approx(1000) == one["alone_s"]
+    two = summarize(fifo)["by_width"]["2-4"]
+    assert two["queue_s"] == pytest.approx(1000) and two["running_s"] == pytest.approx(500)
+    sliced, _ = simulate("1x2", make_policy("gandiva:quantum=60"), *trace)
+    for width in summarize(sliced)["by_width"].values():
+        parts = (width["queue_s"] + width["sliced_out_s"] + width["running_s"]
+                 + width["stalled_s"])
+        assert parts == pytest.approx(width["mean_jct_s"])
+        assert width["sliced_out_s"] > 0 and width["stalled_s"] > 0  # they took turns

@@ -71,6 +71,14 @@ class JobRecord:
     finish: float | None = None
     active_area_at_submit: float = 0.0
     active_area_at_finish: float = 0.0
+    held_s: float = 0.0  # seconds holding GPUs (its stalls included)
+    stall_s: float = 0.0  # of which stalled: suspend/resume, migration, restore
+
+    def end_placement(self, now: float) -> None:
+        """Account the placement that ends now (if it has GPUs)."""
+        if self.gpus:
+            self.held_s += now - self.seg_start
+            self.stall_s += max(0.0, min(self.stall_until, now) - self.seg_start)
 
 
 @dataclass
@@ -372,6 +380,7 @@ class Simulator:
         old = rec.gpus
         self._advance(rec)
         self._stop_segment(rec)
+        rec.end_placement(self.now)
         if gpus:
             rec.last_servers = frozenset(self.cluster.gpus[g].node for g in gpus)
             if rec.start is None:
@@ -438,6 +447,7 @@ class Simulator:
         rec.active_area_at_finish = self._active_area
         self._stop_segment(rec)
         neighbours = self._neighbours(rec.gpus, rec.spec.id)
+        rec.end_placement(self.now)
         rec.gpus = ()
         rec.rate = 0.0
         rec.version += 1
@@ -458,6 +468,7 @@ class Simulator:
                 lost = (ran % self.config.checkpoint_interval) * rec.rate
                 rec.done = max(0.0, rec.done - lost)
             self._stop_segment(rec)
+            rec.end_placement(self.now)
             rec.gpus = ()
             rec.rate = 0.0
             rec.version += 1
