@@ -64,7 +64,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--traces", default=None)
+    ap.add_argument("--gandiva", default="gandiva", help="the gandiva variant to compare, "
+                    "e.g. gandiva:slice_order=las")
     args = ap.parse_args()
+    specs = {"fifo": "fifo", "las": "las", "gandiva": args.gandiva}
     names = (args.traces.split(",") if args.traces else QUICK if args.quick
              else sorted(BUNDLED))
     jobs = args.jobs or (300 if args.quick else 2000)
@@ -77,7 +80,7 @@ def main() -> None:
             cells = {}
             for policy in POLICIES:
                 t0 = time.perf_counter()
-                s = summarize(simulate(trace, policy, cluster=cluster))
+                s = summarize(simulate(trace, specs[policy], cluster=cluster))
                 cells[policy] = {"mean_jct_min": round(s["mean_jct_s"] / 60, 2),
                                  "p95_jct_min": round(s["p95_jct_s"] / 60, 2),
                                  "first_feedback_min": round(s["mean_first_feedback_s"] / 60, 2),
@@ -109,10 +112,12 @@ def main() -> None:
     console.print(f"gandiva <= LAS on mean JCT in {wins} of {len(rows)} cells; first-feedback "
                   f"lead over FIFO in {sum(r['feedback_lead'] for r in rows)} of {len(rows)}")
     line = json.dumps({"benchmark": "policy_matrix", "quick": args.quick, "jobs": jobs,
+                       "gandiva": args.gandiva,
                        "wall_s": round(wall, 1), "rows": rows})
     print(line)
     RESULTS.mkdir(exist_ok=True)
-    stem = RESULTS / (f"policy-matrix{'-quick' if args.quick else ''}-"
+    variant = "" if args.gandiva == "gandiva" else "-" + args.gandiva.replace(":", "_")
+    stem = RESULTS / (f"policy-matrix{'-quick' if args.quick else ''}{variant}-"
                       f"{datetime.date.today().isoformat()}")
     stem.with_suffix(".txt").write_text(console.export_text(), encoding="utf-8")
     stem.with_suffix(".json").write_text(line + "\n", encoding="utf-8")
