@@ -217,6 +217,10 @@ def test_a_retried_submission_with_the_same_submission_id_makes_no_second_job(ap
                        headers=auth(tokens["bob"]))
     assert bobs.status_code == 201 and bobs.json()["id"] != first.json()["id"]
     assert len(store.jobs(store.principal(tokens["root"]))) == 3
+    # the same id for another spec is a mistake, not a retry
+    other = client.post("/v1/jobs", json=job("r", submission_id="try-7", priority=5),
+                        headers=auth(tokens["ada"]))
+    assert other.status_code == 409 and "another spec" in other.json()["detail"]
 
 
 # ---- users, tokens, health ---------------------------------------------------------------

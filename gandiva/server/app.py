@@ -303,7 +303,7 @@ class Service:
         if req.submission_id is not None:
             earlier = self.store.by_submission(who, req.submission_id)
             if earlier is not None:
-                return earlier
+                return self._same(earlier, req)
         cwd = self.workdir(who, req)
         if req.gpus > len(self.backend.devices):
             raise unprocessable("gpus", f"{req.gpus} GPUs asked; this cluster has "
@@ -324,11 +324,20 @@ class Service:
                 else:
                     self.unfinished[who.id] -= 1
         if not row.created:  # a concurrent retry stored it first
-            return row
+            return self._same(row, req)
         self.metrics.submitted.inc()
         self.owners[row.id] = (who.id, req.name)
         self.backend.submit(*to_scheduler(row.id, req, cwd), time_limit=req.time_limit)
         return row
+
+    @staticmethod
+    def _same(earlier: JobRow, req: JobRequest) -> JobRow:
+        """The job a submission_id made, if this is a retry of the same spec; a different
+        spec under a used id is a client's mistake, refused (409), never silently merged."""
+        if earlier.spec != req.model_dump():
+            raise HTTPException(409, f"submission_id {req.submission_id!r} was used for "
+                                f"another spec (job {earlier.id}); choose a new id")
+        return earlier
 
     def _count(self, job_id: str, user_id: int) -> None:
         with self._count_lock:
@@ -526,6 +535,7 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
     @app.post("/v1/jobs", status_code=201, response_model=JobView, responses={
         **BAD_BODY, 200: {"description": "A submission_id used before: the job it made",
                           "model": JobView},
+        409: problem("A submission_id used before for another spec"),
         413: problem("A body over the server's limit"),
         429: problem("Too many of your jobs are not finished yet")})
     def submit(req: JobRequest, who: Who) -> Response:
