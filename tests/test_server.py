@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
-from serving import GANDIVA, free_port  # noqa: E402
+from serving import GANDIVA, free_port, stop  # noqa: E402
 
 CNN = str(Path(__file__).resolve().parents[1] / "examples" / "cnn.py")
 
@@ -94,11 +94,7 @@ def test_server_killed_with_sigkill_loses_no_job_and_resumes_from_checkpoints(tm
         assert "restored from checkpoint at step" in log  # ...not from the beginning
     finally:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc)
 
 
 def test_sigterm_checkpoints_running_jobs_at_their_next_mini_batch_and_a_restart_resumes_there(
@@ -187,8 +183,4 @@ def test_sigterm_checkpoints_running_jobs_at_their_next_mini_batch_and_a_restart
         assert http.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
     finally:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc, timeout=90)
