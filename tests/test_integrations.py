@@ -182,14 +182,16 @@ def test_torchrun_commands_are_unwrapped_and_a_conflicting_width_is_refused():
 def test_unmodified_lightning_script_time_sliced_restarted_ends_bit_identical(tmp_path):
     pytest.importorskip("lightning.pytorch", reason="pip install -e '.[integrations]'")
     script = str(EXAMPLES / "lightning_mlp.py")
-    runs = {f"l{i}": ["--epochs", "3", "--batches", "120", "--seed", str(i)] for i in range(3)}
+    # 1,200 mini-batches: about 2 s of running on a fast core, so that the job is seen running
+    # between its first periodic checkpoint and its end (at 360 it ended inside that window on CI)
+    runs = {f"l{i}": ["--epochs", "3", "--batches", "400", "--seed", str(i)] for i in range(3)}
     backend, result = run_under_gandiva(
         tmp_path, {j: Launch(["{python}", script, *a]) for j, a in runs.items()},
-        crash="l0", spec_model="mlp", last_step=360)
+        crash="l0", spec_model="mlp", last_step=1200)
     refs = standalone_all(tmp_path, {j: [sys.executable, script, *a] for j, a in runs.items()})
     for jid, ref in refs.items():
         final = checkpoint.latest(backend.agent.checkpoint_dir(jid))[1]
-        assert final["global_step"] == ref["global_step"] == 360
+        assert final["global_step"] == ref["global_step"] == 1200
         assert_same_training(final, ref, ("state_dict", "optimizer_states", "lr_schedulers"))
     # a gandiva checkpoint is Lightning's own: plain torch.load opens it, fit() resumes it
     step, path = checkpoint.newest_whole(backend.agent.checkpoint_dir("l0"))
