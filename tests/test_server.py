@@ -30,18 +30,31 @@ def client(port: int, token: str):
                          headers={"Authorization": f"Bearer {token}"}, timeout=10)
 
 
+def launch(args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    """A server whose output goes to ``log`` (appended), never to a pipe: its access log
+    would fill a pipe nobody reads and block the server mid-request."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen([*GANDIVA, "server", *args], env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    proc.log = log
+    return proc
+
+
+def output(proc: subprocess.Popen) -> str:
+    return proc.log.read_text(errors="replace")[-5000:]
+
+
 def start(home: Path, db: str, port: int) -> subprocess.Popen:
-    return subprocess.Popen([*GANDIVA, "server", "--home", str(home), "--db", db,
-                             "--port", str(port),
-                             "--policy", "gandiva:quantum=1", "--slots", "2",
-                             "--checkpoint-every", "0.5"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return launch(["--home", str(home), "--db", db, "--port", str(port),
+                   "--policy", "gandiva:quantum=1", "--slots", "2", "--checkpoint-every", "0.5"],
+                  home.parent / "server.log")
 
 
 def wait_up(http, proc, timeout=60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read().decode()
+        assert proc.poll() is None, output(proc)
         try:
             if http.get("/v1/jobs").status_code == 200:
                 return
@@ -115,14 +128,13 @@ def test_sigterm_checkpoints_running_jobs_at_their_next_mini_batch_and_a_restart
     shutil.copy(CNN, home / "users" / "ada" / "cnn.py")
 
     def serve() -> subprocess.Popen:
-        return subprocess.Popen([*GANDIVA, "server", "--home", str(home), "--port", str(port),
-                                 "--policy", "fifo", "--slots", "1", "--drain", "60"],
-                                env={**os.environ, "GANDIVA_DB": db,
-                                     "GANDIVA_CHECKPOINT_EVERY": "300"},
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        return launch(["--home", str(home), "--port", str(port), "--policy", "fifo",
+                       "--slots", "1", "--drain", "60"], tmp_path / "server.log",
+                      env={**os.environ, "GANDIVA_DB": db, "GANDIVA_CHECKPOINT_EVERY": "300"})
 
     proc = serve()
     http = client(port, token)
+    flooding = threading.Event()
     try:
         wait_up(http, proc)
         job_id = http.post("/v1/jobs", json={"name": "long", "command": [
@@ -133,7 +145,7 @@ def test_sigterm_checkpoints_running_jobs_at_their_next_mini_batch_and_a_restart
             assert time.monotonic() < deadline
             time.sleep(0.2)
         acked: dict[str, str] = {}  # submission id -> job id
-        flooding = threading.Event()
+        refused: list[str] = []  # what the flood got other than an acknowledgement
         flooding.set()
 
         def flood() -> None:  # queued behind the long job (fifo, one slot): none runs
@@ -147,16 +159,19 @@ def test_sigterm_checkpoints_running_jobs_at_their_next_mini_batch_and_a_restart
                         if r.status_code in (200, 201):
                             acked[f"f{i}"] = r.json()["id"]
                             i += 1
-                    except httpx2.HTTPError:
+                        else:
+                            refused.append(f"f{i}: {r.status_code} {r.text[:300]}")
+                    except httpx2.HTTPError as e:
+                        refused.append(f"f{i}: {e!r}")
                         time.sleep(0.05)  # the server is stopping or starting: retry
 
-        flooder = threading.Thread(target=flood)
+        flooder = threading.Thread(target=flood, daemon=True)
         flooder.start()
         while len(acked) < 20:
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
-        out = proc.communicate(timeout=120)[0].decode()
-        assert proc.returncode == 0, out
+        proc.wait(timeout=120)
+        assert proc.returncode == 0, output(proc)
         ckpts = home / "run" / "jobs" / job_id / "checkpoints"
         stopped_at = checkpoint.steps(ckpts)[0]  # the only checkpoint: the drain's
         assert stopped_at > 0
@@ -168,8 +183,9 @@ def test_sigterm_checkpoints_running_jobs_at_their_next_mini_batch_and_a_restart
             time.sleep(0.2)
         kinds = [e["kind"] for e in http.get(f"/v1/jobs/{job_id}/events").json()]
         assert "stopped-for-shutdown" in kinds and "requeued" in kinds
-        before_restart = len(acked)
+        before_restart, deadline = len(acked), time.monotonic() + 60
         while len(acked) < before_restart + 20:  # and the flood goes on after the restart
+            assert time.monotonic() < deadline, refused[-5:]
             time.sleep(0.05)
         flooding.clear()
         flooder.join(timeout=30)
@@ -182,5 +198,6 @@ def test_sigterm_checkpoints_running_jobs_at_their_next_mini_batch_and_a_restart
         assert {j["submission_id"] for j in stored} == set(acked)
         assert http.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
     finally:
+        flooding.clear()
         if proc.poll() is None:
             stop(proc, timeout=90)
