@@ -313,7 +313,13 @@ def server(
                                                     "checkpoints (bounds what a crash loses)",
                                                     **_env("CHECKPOINT_EVERY"))] = 300.0,
     backend: Annotated[str, typer.Option(help="local: this machine's devices; ray: every "
-                                         "Ray node with GPUs", **_env("BACKEND"))] = "local",
+                                         "Ray node with GPUs; hollow: simulated servers "
+                                         "with no processes (scale tests)",
+                                         **_env("BACKEND"))] = "local",
+    hollow_cluster: Annotated[str, typer.Option(help="With --backend hollow: SERVERSxGPUS"
+                                                "[:TYPE], e.g. 1000x8:V100; jobs run the "
+                                                "command 'gandiva-hollow MODEL STEPS'",
+                                                **_env("HOLLOW_CLUSTER"))] = "4x8:V100",
     ray_address: Annotated[str | None, typer.Option(help="The Ray cluster to join (default: "
                                                     "RAY_ADDRESS, else a local one)",
                                                     **_env("RAY_ADDRESS"))] = None,
@@ -356,9 +362,15 @@ def server(
     home = home.resolve()
     home.mkdir(parents=True, exist_ok=True)
     store = Store(db or str(home / "gandiva.db"))
-    if backend not in ("local", "ray"):
-        raise fail(f"--backend {backend!r}: use local or ray")
+    if backend not in ("local", "ray", "hollow"):
+        raise fail(f"--backend {backend!r}: use local, ray or hollow")
     nodes = None
+    if backend == "hollow":
+        from gandiva.runtime.hollow import HollowNodes
+        try:
+            nodes = HollowNodes.parse(hollow_cluster)
+        except ValueError as e:
+            raise fail(f"--hollow-cluster {hollow_cluster!r}: {e}") from None
     if backend == "ray":
         try:
             from gandiva.runtime.ray_backend import RayNodes
@@ -380,8 +392,10 @@ def server(
     loop = threading.Thread(target=loop_backend.run, kwargs={"until_idle": False},
                             name="gandiva-scheduler", daemon=True)
     loop.start()
+    devices = loop_backend.devices
     log.info("gandiva server on http://%s:%d (%s, devices: %s, store: %s)", host, port, policy,
-             ", ".join(loop_backend.devices), store.engine.url.render_as_string())
+             ", ".join(devices) if len(devices) <= 16 else f"{len(devices)} ({devices[0]} to "
+             f"{devices[-1]})", store.engine.url.render_as_string())
     # uvicorn stops serving on SIGTERM or SIGINT, then hands the signal on to the handler it
     # found: this one, so that the process lives on to drain its jobs below
     for stop in (signal.SIGTERM, signal.SIGINT):

@@ -230,6 +230,8 @@ def register(app: typer.Typer, user_app: typer.Typer) -> None:
         why = run(lambda: _client(url, token).explain(job_id))
         console.print(f"{job_id}: {_state(why['state'])}")
         console.print(escape(why["reason"]))
+        if why.get("transition"):
+            console.print(f"its node is carrying it out: {why['transition']}")
         if why["queue_position"]:
             console.print(f"place in line: {why['queue_position']}")
         if why["needs"]:

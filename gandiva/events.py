@@ -70,4 +70,14 @@ class Tick:
     time: float
 
 
-Event = Arrival | Departure | ProfileSample | Failure | Join | PriorityChange | Tick
+@dataclass(frozen=True, slots=True)
+class Confirmed:
+    """A node has carried out the job's latest action (real backends, whose actions take
+    time: see ``Cluster.transitions``). It changes the state only; no decision follows."""
+
+    time: float
+    job_id: str
+
+
+Event = (Arrival | Departure | ProfileSample | Failure | Join | PriorityChange | Tick
+         | Confirmed)

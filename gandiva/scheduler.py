@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from gandiva.actions import Action
-from gandiva.events import Event
+from gandiva.events import Confirmed, Event
 from gandiva.state import Cluster
 
 
@@ -33,6 +33,8 @@ class Scheduler:
 
     def handle(self, event: Event) -> None:
         self.cluster.observe(event)
+        if isinstance(event, Confirmed):
+            return  # a job's transition ended: the policy decided what follows already
         for action in self.policy.decide(event, self.cluster):
             self.cluster.apply(action)
             self.backend.execute(action, self.cluster)

@@ -95,6 +95,12 @@ class Job:
 _SPEC_PART = re.compile(r"^(\d+)x(\d+)(?::([A-Za-z0-9]+))?$")
 
 
+# what a job is doing between an action and its node's confirmation
+TRANSITION = {A.Place: "starting", A.Resume: "resuming", A.Pack: "resuming",
+              A.Suspend: "suspending", A.Unpack: "suspending", A.Migrate: "moving",
+              A.Grow: "resizing", A.Shrink: "resizing", A.Kill: "stopping"}
+
+
 class Cluster:
     """Servers with GPUs, and the jobs on them, with indexes for fast placement."""
 
@@ -102,6 +108,12 @@ class Cluster:
         self.nodes = nodes
         self.gpus = gpus
         self.jobs: dict[str, Job] = {}
+        # Real backends carry actions out while the loop goes on, so a job is in transition
+        # (job -> "suspending", ...) from its action until its node confirms (``Confirmed``);
+        # policies see it there. Decision: the simulator's actions take effect at once (their
+        # cost is modelled as a stall of the job), so it leaves ``confirms`` off and this empty.
+        self.confirms = False
+        self.transitions: dict[str, str] = {}
         self.now = 0.0
         self.queue: SortedList = SortedList()  # (submit_time, seq, job_id) of queued jobs
         self.suspended: dict[str, None] = {}  # ordered set
@@ -220,6 +232,7 @@ class Cluster:
             self._stop(job)
             job.status = JobStatus.DONE if event.how == "done" else JobStatus.KILLED
             job.finish_time = event.time
+            self.transitions.pop(job.id, None)
             self.finished += 1
         elif isinstance(event, E.ProfileSample):
             job = self.jobs[event.job_id]
@@ -239,8 +252,11 @@ class Cluster:
                 job = self.jobs[jid]
                 self._stop(job)
                 self._enqueue(job)
+                self.transitions.pop(jid, None)  # its node is gone: nothing to confirm
         elif isinstance(event, E.Join):
             self._join(event)
+        elif isinstance(event, E.Confirmed):
+            self.transitions.pop(event.job_id, None)
 
     def _join(self, event: E.Join) -> None:
         """Add a server whose GPUs are all free. Ids continue after every earlier server and
@@ -330,6 +346,8 @@ class Cluster:
             job.finish_time = self.now
         else:  # pragma: no cover - exhaustive over Action
             raise InvariantError(f"unknown action {action!r}")
+        if self.confirms:
+            self.transitions[job.id] = TRANSITION[type(action)]
 
     # ---- internals ----------------------------------------------------------------------
     @staticmethod

@@ -43,9 +43,11 @@ def add_user(home: Path, name: str, admin: bool = False, db: str | None = None) 
 
 @contextmanager
 def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str = "gandiva",
-            slots: int = 2, db: str | None = None) -> Iterator[Server]:
+            slots: int = 2, db: str | None = None, args: tuple[str, ...] = (),
+            up_s: float = 60) -> Iterator[Server]:
     """Users added, then `gandiva server` up (its /v1/whoami answers); SIGTERM at the end,
-    SIGKILL if it does not stop. ``db``: a database URL (default: SQLite in ``home``)."""
+    SIGKILL if it does not stop. ``db``: a database URL (default: SQLite in ``home``);
+    ``args``: more of the server's options."""
     import httpx2
 
     tokens = {u: add_user(home, u, db=db) for u in users}
@@ -53,11 +55,11 @@ def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str = "gand
     with log.open("w") as out:
         proc = subprocess.Popen([*GANDIVA, "server", "--home", str(home), "--port", str(port),
                                  "--slots", str(slots), "--policy", policy,
-                                 *(["--db", db] if db else [])],
+                                 *(["--db", db] if db else []), *args],
                                 stdout=out, stderr=subprocess.STDOUT, env=CPU_ONLY)
     srv = Server(f"http://127.0.0.1:{port}", home, tokens, proc)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + up_s
         while True:
             assert proc.poll() is None, log.read_text()
             try:

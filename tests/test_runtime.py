@@ -143,7 +143,7 @@ def test_suspended_resumed_moved_and_restarted_job_ends_bit_identical(agent, tmp
 
 
 def test_elastic_job_shrunk_then_grown_ends_bit_identical(agent, tmp_path):
-    args = ("--steps", "400", "--seed", "1")
+    args = ("--steps", "2000", "--seed", "1")  # seconds of work, even on a fast core
     ref = reference(tmp_path, "elastic_mlp.py", *args)  # 1 rank throughout
     agent.start("e", launch("elastic_mlp.py", *args), (0, 1))  # 2 ranks
     assert started(agent, "e")["restored"] is None
@@ -153,7 +153,7 @@ def test_elastic_job_shrunk_then_grown_ends_bit_identical(agent, tmp_path):
     time.sleep(0.5)
     agent.restart("e", (0, 1))  # grow back to two
     second = started(agent, "e")["restored"]
-    assert 0 < first <= second < 400
+    assert 0 < first <= second < 2000
     agent.suspend("e")  # a gang is suspended and resumed whole, both ranks at one boundary
     assert agent.jobs["e"].suspended and not agent.jobs["e"].signalled
     agent.resume("e", (1, 0))
@@ -338,3 +338,52 @@ def test_local_backend_as_a_server_loop_takes_jobs_while_running(tmp_path):
     for jid in ("a", "b"):
         mine = [what for j, what in seen if j == jid]
         assert mine[0] == "running" and mine[-1] == "done" and "feedback" in mine
+
+
+def test_a_job_slow_to_stop_holds_up_neither_the_loop_nor_other_jobs(tmp_path):
+    """The loop hands actions to the nodes and goes on: while a held job's checkpoint waits
+    for its next mini-batch boundary (a mini-batch of 20 s), a newcomer is placed on the
+    other device and runs to its end; the held job stops after, from its checkpoint. (The
+    newcomer takes device 0, which a first job has left; the held job's device 1 is free
+    only once it has stopped.)"""
+    import threading
+
+    from gandiva.policies import make_policy
+    from gandiva.runtime.local import LocalBackend
+    from gandiva.spec import JobSpec
+
+    slow = tmp_path / "slow.py"
+    slow.write_text(
+        "import sys, time\nimport gandiva.runtime.job as gj\njob = gj.init()\n"
+        "for step in job.steps(3):\n"
+        "    if step == 1:\n"
+        "        open(sys.argv[1], 'w').write('in the long mini-batch')\n"
+        "        time.sleep(20)\n")
+    mark = tmp_path / "mark"
+    backend = LocalBackend(make_policy("fifo"), tmp_path / "run", slots=2)
+    seen: list[tuple[str, str, bool]] = []  # (job, what, the slow job's hold still under way)
+    backend.on_change = lambda rec, what: seen.append(
+        (rec.spec.id, what, "slow" in backend.inflight and not backend.inflight["slow"].ended))
+    loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
+    loop.start()
+    try:
+        backend.submit(JobSpec("first", 0.0, 1, "cnn"), launch("cnn.py", "--steps", "20"))
+        backend.submit(JobSpec("slow", 0.0, 1, "cnn"), Launch(["{python}", str(slow), str(mark)]))
+        deadline = time.monotonic() + 60
+        while not mark.exists() or backend.records["first"].status != "done":
+            assert time.monotonic() < deadline and loop.is_alive()
+            time.sleep(0.05)
+        backend.hold("slow")  # checkpoint at the next boundary: some 20 s away
+        backend.submit(JobSpec("quick", 0.0, 1, "cnn"), launch("cnn.py", "--steps", "40"))
+        deadline = time.monotonic() + 120
+        while backend.records["quick"].status != "done" or "slow" in backend.inflight:
+            assert time.monotonic() < deadline and loop.is_alive()
+            time.sleep(0.1)
+    finally:
+        backend.stop()
+        loop.join(timeout=60)
+    quick = [(what, pending) for j, what, pending in seen if j == "quick"]
+    assert quick[0] == ("running", True) and quick[-1] == ("done", True), quick
+    assert backend.records["quick"].devices == (0,) and backend.records["slow"].devices == (1,)
+    assert backend.records["slow"].status == "held"
+    assert checkpoint.steps(backend.agent.checkpoint_dir("slow")) == [2]

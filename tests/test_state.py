@@ -163,3 +163,25 @@ def test_departure_frees_gpus_and_counts():
     c.observe(E.Departure(3.0, "a"))
     assert c.jobs["a"].status is JobStatus.DONE and c.jobs["a"].finish_time == 3.0
     assert c.free_gpus(0) == [0, 1] and c.finished == 1
+
+
+def test_where_nodes_confirm_actions_a_job_is_in_transition_until_they_do():
+    c = Cluster.build("2x2")
+    c.confirms = True  # a real backend's state
+    for jid in "ab":
+        arrive(c, jid)
+    c.apply(A.Place("a", (0,)))
+    c.apply(A.Place("b", (2,)))
+    assert c.transitions == {"a": "starting", "b": "starting"}
+    c.observe(E.Confirmed(1.0, "a"))
+    c.apply(A.Suspend("a"))
+    assert c.transitions == {"a": "suspending", "b": "starting"}
+    c.apply(A.Resume("a", (1,)))
+    assert c.transitions["a"] == "resuming"  # the latest action is what it is doing
+    c.observe(E.Departure(2.0, "a"))
+    c.observe(E.Failure(3.0, 1))  # b's node is gone: nothing will confirm its start
+    assert c.transitions == {}
+    sim = Cluster.build("1x2")  # the simulator's: actions take effect at once
+    arrive(sim, "a")
+    sim.apply(A.Place("a", (0,)))
+    assert sim.transitions == {}

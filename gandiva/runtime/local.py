@@ -23,7 +23,9 @@ from pathlib import Path
 
 from gandiva import actions as A
 from gandiva import events as E
-from gandiva.runtime.agent import Agent, AgentEvent, Launch
+from gandiva.runtime.agent import ACK_TIMEOUT_S, Agent, AgentEvent, Launch
+from gandiva.runtime.courier import Courier, Task
+from gandiva.runtime.nodes import Nodes
 from gandiva.scheduler import Scheduler
 from gandiva.spec import JobSpec
 from gandiva.state import GPU, Cluster, JobStatus, Node
@@ -83,7 +85,25 @@ SNAPSHOT_EVERY_S = 0.2  # under load, explain, the cluster view and metrics read
 SAMPLE_EVERY_S = 1.0  # utilisation samples
 SAMPLES_KEPT = 86_400  # a day of them
 PROFILE_EVERY_S = 60.0  # a job's profile summary is reported (and stored) this often
-LOOP_STALL_S = 120.0  # twice the agent's ACK_TIMEOUT_S: a loop silent longer is stuck
+LOOP_STALL_S = 120.0  # the loop waits for no node: silent this long, it is stuck
+# a healthy node ends any action within the agent's wait for a mini-batch boundary
+# (ACK_TIMEOUT_S), a process's stop and a start; longer, the action is reported overdue
+ACTION_DEADLINE_S = 2 * ACK_TIMEOUT_S + 30.0
+CLOSE_WAIT_S = 10.0  # at the end of a run, for actions still under way
+ACTION_WORKERS = 32  # actions carried out at once (each mostly waits on a job or a node)
+
+
+@dataclass(eq=False)
+class _Batch:
+    """The actions one event led to, until the last is carried out."""
+
+    event: E.Event
+    actions: int
+    decided: float  # monotonic
+    left: int = -1
+
+    def __post_init__(self) -> None:
+        self.left = self.actions
 
 
 class Observer:
@@ -93,7 +113,15 @@ class Observer:
         """The scheduler handled ``event`` (the policy decided and its actions ran)."""
 
     def action(self, action: A.Action, seconds: float) -> None:
-        """The agent carried out ``action``; ``seconds`` is how long it took."""
+        """A node carried out ``action``; ``seconds`` is how long it took there."""
+
+    def overdue(self, action: object) -> None:
+        """A node has not carried out ``action`` (or a user's request) in time."""
+
+    def settled(self, event: E.Event, actions: int, seconds: float) -> None:
+        """Every one of the ``actions`` that ``event`` led to has been carried out,
+        ``seconds`` after the decision: for a time-slicing round (a ``Tick``), the round's
+        duration."""
 
 
 @dataclass
@@ -124,9 +152,9 @@ class LocalBackend:
 
     def __init__(self, policy, workdir: Path, slots: int | None = None, threads: int = 1,
                  checkpoint_every_s: float = 300.0, feedback_steps: int = 100,
-                 max_restarts: int | None = None, nodes=None) -> None:
-        """``nodes``: the agents of many machines behind one ``Agent`` interface (the ray
-        backend's ``RayNodes``); by default one ``Agent`` on this machine."""
+                 max_restarts: int | None = None, nodes: Nodes | None = None) -> None:
+        """``nodes``: what runs the jobs (``gandiva.runtime.nodes``: the ray backend's
+        ``RayNodes``, ``HollowNodes``); by default one ``Agent`` on this machine's devices."""
         if nodes is None:
             devices, kind, memory = detect_devices(slots, threads)
             self.cluster = one_node(devices, kind, memory)
@@ -137,7 +165,7 @@ class LocalBackend:
             self.cluster = nodes.cluster()
         self.devices = nodes.devices
         self.policy = policy
-        self.agent = nodes
+        self.agent: Nodes = nodes
         self.scheduler = Scheduler(self.cluster, policy, self)
         self.feedback_steps = feedback_steps
         self.launches: dict[str, Launch] = {}
@@ -155,6 +183,12 @@ class LocalBackend:
         # "feedback"): where a server persists it
         self.on_change: Callable[[JobRecord, str], None] | None = None
         self.observer = Observer()
+        self.cluster.confirms = True  # actions take time here: jobs are in transition
+        self.courier = Courier(self._acted, workers=ACTION_WORKERS)
+        self.inflight: dict[str, Task] = {}  # job -> its latest action, until confirmed
+        self.overdue: set[str] = set()
+        self._sent: list[Task] | None = None  # tasks sent while an event is being handled
+        self._batches: dict[Task, _Batch] = {}  # each task's event, until carried out
         self._lock = threading.Lock()  # submit may come from other threads while run() runs
         self._stopping = False
         self._drain_s = 0.0
@@ -231,7 +265,6 @@ class LocalBackend:
             self._set(rec, "held", "held")
         elif what == "release" and rec.status == "held":
             spec = dataclasses.replace(rec.spec, submit_time=self.now())
-            self.agent.ended.discard(job_id)
             with self._lock:
                 heapq.heappush(self.pending, (spec.submit_time, len(self.launches), spec))
             self._set(rec, "released", "queued")
@@ -248,10 +281,15 @@ class LocalBackend:
         with self._lock:
             self.pending = [p for p in self.pending if p[2].id != job_id]
             heapq.heapify(self.pending)
-        if job_id in self.agent.jobs:
-            (self.agent.park if how == "held" else self.agent.kill)(job_id)
-        else:
-            self.agent.ended.add(job_id)
+        agent = self.agent
+        stop = agent.park if how == "held" else agent.kill
+
+        def withdraw() -> None:
+            if job_id in agent.jobs:
+                stop(job_id)
+            else:  # not started yet: an action sent before must not start it now
+                agent.ended.add(job_id)
+        self._send(job_id, how, withdraw, rec.devices)
         self._stopped_running(rec)
         job = self.cluster.jobs.get(job_id)
         if job is not None and job.status not in (JobStatus.DONE, JobStatus.KILLED):
@@ -287,17 +325,18 @@ class LocalBackend:
         self.agent.events.put(AgentEvent("wake", ""))
 
     def _drain(self, budget_s: float) -> None:
-        live = [rec for rec in self.records.values()
-                if rec.status not in TERMINAL and rec.spec.id in self.agent.jobs]
-        parkers = [threading.Thread(target=self.agent.park, args=(rec.spec.id,), daemon=True,
-                                    name=f"drain-{rec.spec.id}") for rec in live]
-        for t in parkers:
-            t.start()
-        deadline = time.monotonic() + budget_s
-        for t in parkers:
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
-        for rec, t in zip(live, parkers, strict=True):
-            self._set(rec, "stopped-for-shutdown" if not t.is_alive() else "shutdown-timeout")
+        """Park every job that has (or is about to have) processes, all at once, each after
+        the actions already under way on it."""
+        live = [rec for rec in self.records.values() if rec.status not in TERMINAL
+                and (rec.spec.id in self.agent.jobs or rec.spec.id in self.inflight)]
+        for rec in live:
+            self._send(rec.spec.id, "drain", partial(self.agent.park, rec.spec.id),
+                       rec.devices)
+        tasks = {rec.spec.id: self.inflight[rec.spec.id] for rec in live}
+        self.courier.wait(budget_s)
+        for rec in live:
+            done = tasks[rec.spec.id].ended
+            self._set(rec, "stopped-for-shutdown" if done else "shutdown-timeout")
 
     def _set(self, rec: JobRecord, what: str, status: str | None = None) -> None:
         if status is not None:
@@ -325,6 +364,9 @@ class LocalBackend:
                 self._drain(self._drain_s)
         finally:
             self._beat = None
+            # actions still under way (on jobs that ended as they were sent) get a moment;
+            # closing the agent stops whatever is left
+            self.courier.close(timeout=CLOSE_WAIT_S)
             self.agent.close()
         self._close_segments()
         return LocalResult(self.policy.name, self.devices, list(self.records.values()),
@@ -361,6 +403,8 @@ class LocalBackend:
                 heapq.heappop(self.wakes)
             self._handle(E.Tick(self.now()))
         self._enforce_time_limits()
+        if self.inflight:
+            self._check_overdue()
         if self.now() >= self._next_sample:
             self._sample()
         if self._dirty and (self.agent.events.empty()
@@ -387,6 +431,9 @@ class LocalBackend:
         self._next_sample = self.now() + SAMPLE_EVERY_S
 
     def _on_agent(self, ev: AgentEvent) -> None:
+        if ev.kind == "acted":
+            self._confirmed(ev)
+            return
         if ev.kind == "node-lost":
             self._node_lost(ev.data["node"], ev.data["jobs"])
             return
@@ -450,8 +497,16 @@ class LocalBackend:
 
     def _handle(self, event: E.Event) -> None:
         t = time.perf_counter()
-        self.scheduler.handle(event)
+        outer, self._sent = self._sent, []
+        try:
+            self.scheduler.handle(event)
+        finally:
+            sent, self._sent = self._sent, outer
         self.observer.decision(event, time.perf_counter() - t)
+        if sent:  # settled when the last of them is carried out
+            batch = _Batch(event, len(sent), time.monotonic())
+            for task in sent:
+                self._batches[task] = batch
         self._track()
         self._dirty = True
 
@@ -468,6 +523,7 @@ class LocalBackend:
                      for j in c.jobs.values()
                      if j.status not in (JobStatus.DONE, JobStatus.KILLED)},
             "shared": {g.id: list(g.jobs) for g in c.gpus if len(g.jobs) > 1},
+            "transitions": dict(c.transitions),
             "on": [sorted(g.jobs) for g in c.gpus],
             "home": dict(book.home) if book is not None else {},
             "height": [book.height(s) for s in range(len(c.nodes))] if book else [],
@@ -509,6 +565,9 @@ class LocalBackend:
         # SNAPSHOT_EVERY_S old (who shares a device, the queue)
         quantum = getattr(self.policy, "quantum", None)
         home = seen["home"].get(job_id) if seen else None
+        moving = seen["transitions"].get(job_id) if seen else None
+        if moving is not None:
+            out["transition"] = moving  # decided; its node has not confirmed it yet
         if rec.status == "running":
             partners = sorted({j for g in rec.devices for j in (seen["shared"] if seen else {})
                                .get(g, []) if j != job_id})
@@ -534,24 +593,27 @@ class LocalBackend:
 
     # ---- the body -----------------------------------------------------------------------
     def execute(self, action: A.Action, cluster: Cluster) -> None:
-        """Carry out ``action`` on the job's processes. What it means for the job is
-        reported (``on_change``: a server stores it) before the processes are touched."""
-        agent = self.agent
+        """Hand ``action`` to the node that runs the job and go on (see ``courier``): what it
+        means for the job is reported at once (``on_change``: a server stores it); the
+        node's confirmation comes back as an agent event, and ends the job's transition."""
         if isinstance(action, A.Wake):
             heapq.heappush(self.wakes, action.time)
             return
-        job = action.job_id
-        if job in agent.ended:
-            return  # it finished meanwhile; its Departure is on its way
+        agent, job = self.agent, action.job_id
         rec = self.records[job]
+        before = rec.devices
         if isinstance(action, (A.Place, A.Resume, A.Pack)):
             rec.devices = action.gpus
+            rec.start = rec.start or self.now()
             self._set(rec, "running", "running")
-            if job in agent.jobs and not isinstance(action, A.Place):
-                do = partial(agent.resume, job, action.gpus)
-            else:  # a start (after a hold too), or packed before it ever ran
-                rec.start = rec.start or self.now()
-                do = partial(agent.start, job, self.launches[job], action.gpus)
+            launch, gpus, fresh = self.launches[job], action.gpus, isinstance(action, A.Place)
+
+            def do() -> None:
+                if not fresh and job in agent.jobs:
+                    agent.resume(job, gpus)
+                elif fresh or job not in agent.ended:  # a start, or packed before it ran
+                    agent.start(job, launch, gpus)
+                # else it finished meanwhile; its Departure is on its way
         elif isinstance(action, (A.Suspend, A.Unpack)):
             self._set(rec, "suspended", "suspended")
             do = partial(agent.suspend, job)
@@ -566,11 +628,68 @@ class LocalBackend:
             do = partial(agent.kill, job)
         else:
             raise TypeError(f"the local backend cannot carry out {action!r}")
-        t = time.perf_counter()
-        do()
-        seconds = time.perf_counter() - t
-        self.actions.append((self.now(), action, seconds))
-        self.observer.action(action, seconds)
+        self._send(job, action, do, (*before, *rec.devices))
+
+    def _send(self, job: str, what: object, do: Callable[[], None],
+              devices: tuple[int, ...]) -> None:
+        """Give the node ``do`` (an action, or a user's request), after the job's earlier
+        ones and after whatever was using ``devices``."""
+        keys = {("job", job), *(("device", d) for d in devices)}
+        self.inflight[job] = task = self.courier.send((job, what, self.now()), do, keys)
+        if self._sent is not None:
+            self._sent.append(task)
+
+    def _acted(self, task: Task, seconds: float, error: BaseException | None) -> None:
+        """(On the courier's thread.) The node has carried out ``task``: tell the loop."""
+        self.agent.events.put(AgentEvent("acted", task.what[0], {
+            "task": task, "seconds": seconds, "error": error}))
+
+    def _confirmed(self, ev: AgentEvent) -> None:
+        job, task, error = ev.job_id, ev.data["task"], ev.data["error"]
+        _, what, sent = task.what
+        seconds = ev.data["seconds"]
+        if isinstance(what, A.Action):
+            self.actions.append((sent, what, seconds))
+            self.observer.action(what, seconds)
+        batch = self._batches.pop(task, None)
+        if batch is not None:
+            batch.left -= 1
+            if batch.left == 0:
+                self.observer.settled(batch.event, batch.actions,
+                                      time.monotonic() - batch.decided)
+        rec = self.records.get(job)
+        if error is not None and rec is not None and rec.status not in TERMINAL:
+            # the node could not do it (e.g. a process that cannot start): the job fails,
+            # as it would had its process died, rather than the loop
+            name = type(what).__name__.lower() if isinstance(what, A.Action) else str(what)
+            rec.finish = self.now()
+            rec.reason = f"its node could not {name} it: {error}"
+            self._set(rec, "failed", "failed")
+            state = self.cluster.jobs.get(job)
+            if state is not None and state.status not in (JobStatus.DONE, JobStatus.KILLED):
+                self._handle(E.Departure(self.now(), job, how="failed"))
+        if self.inflight.get(job) is task:  # its latest: the job's transition is over
+            del self.inflight[job]
+            self.overdue.discard(job)
+            if job in self.cluster.transitions:
+                self._handle(E.Confirmed(self.now(), job))
+
+    def _check_overdue(self) -> None:
+        """An action its node has not carried out within ACTION_DEADLINE_S is a failure of
+        that action (reported on the job, counted), not of the loop: the job stays in
+        transition, and its devices wait for it, until the node answers."""
+        now = time.monotonic()
+        for job, task in list(self.inflight.items()):
+            if job in self.overdue or now - (task.started or task.sent) < ACTION_DEADLINE_S:
+                continue
+            self.overdue.add(job)
+            _, what, _ = task.what
+            name = type(what).__name__.lower() if isinstance(what, A.Action) else str(what)
+            rec = self.records[job]
+            rec.reason = (f"its node has not carried out {name} for "
+                          f"{ACTION_DEADLINE_S:g} s; its devices wait for it")
+            self._set(rec, "action-overdue")
+            self.observer.overdue(what)
 
     # ---- the timeline -------------------------------------------------------------------
     def _track(self) -> None:

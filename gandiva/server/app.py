@@ -209,6 +209,8 @@ class Explanation(BaseModel):
     reason: str
     queue_position: int | None
     needs: str | None
+    # decided, and not yet confirmed by its node: starting, suspending, resuming, moving...
+    transition: str | None = None
 
 
 class WhoAmI(BaseModel):

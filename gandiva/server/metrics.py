@@ -49,12 +49,20 @@ class Metrics(Observer):
         self.registry = CollectorRegistry()
         self.decisions = Histogram(
             "gandiva_decision_seconds", "Time the scheduler took to handle an event: the "
-            "policy's decision and carrying out its actions", ["event"], buckets=BUCKETS,
-            registry=self.registry)
+            "policy's decision (its actions are handed to the nodes, not waited for)",
+            ["event"], buckets=BUCKETS, registry=self.registry)
         self.actions = Histogram(
-            "gandiva_action_seconds", "Time to carry out an action on real processes "
-            "(place, suspend, resume, migrate, grow, shrink, pack, unpack, kill)", ["action"],
-            buckets=BUCKETS, registry=self.registry)
+            "gandiva_action_seconds", "Time a node took to carry out an action on real "
+            "processes (place, suspend, resume, migrate, grow, shrink, pack, unpack, kill)",
+            ["action"], buckets=BUCKETS, registry=self.registry)
+        self.settle = Histogram(
+            "gandiva_settle_seconds", "From a decision until its nodes have carried out "
+            "every action it made; for event=\"tick\", a time-slicing round's duration",
+            ["event"], buckets=BUCKETS + (120, 300), registry=self.registry)
+        self.overdue_actions = CounterMetric(
+            "gandiva_actions_overdue", "Actions (and users' requests) a node had not carried "
+            "out within the deadline; the job stays in transition", ["action"],
+            registry=self.registry)
         self.submitted = CounterMetric("gandiva_jobs_submitted", "Jobs accepted (a retried "
                                        "submission_id counts once)", registry=self.registry)
         self.finished = CounterMetric("gandiva_jobs_finished", "Jobs that ended, by how",
@@ -77,6 +85,13 @@ class Metrics(Observer):
     def action(self, action: A.Action, seconds: float) -> None:
         if not isinstance(action, A.Wake):
             self.actions.labels(type(action).__name__.lower()).observe(seconds)
+
+    def settled(self, event: E.Event, actions: int, seconds: float) -> None:
+        self.settle.labels(type(event).__name__.lower()).observe(seconds)
+
+    def overdue(self, action: object) -> None:
+        name = type(action).__name__.lower() if isinstance(action, A.Action) else str(action)
+        self.overdue_actions.labels(name).inc()
 
     # ---- a collector: gauges at scrape time ----------------------------------------------
     def describe(self):

@@ -51,6 +51,8 @@ def consolidate(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
             continue
         if moved >= p.max_moves:
             return
+        if jid in cluster.transitions:
+            continue  # still starting or moving on its node: looked at again at a departure
         target = _consolidated(cluster, job)
         if target is None:
             continue
@@ -95,6 +97,7 @@ def defragment(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
         members = [cluster.jobs[j] for j in p.book.members[source]]
         if not members or any(
             j.status is not JobStatus.RUNNING or len(p.book.home[j.id]) > 1
+            or j.id in cluster.transitions  # a job its node is still moving stays put
             or move_cost(j) > p.defrag_max_move_s or len(cluster.gpus[j.gpus[0]].jobs) > 1
             for j in members
         ):

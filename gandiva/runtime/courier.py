@@ -1,0 +1,108 @@
+"""Carrying out actions off the loop: in parallel, in the order that matters.
+
+The loop decides and goes on; a suspend that waits for a job's next mini-batch boundary, or a
+checkpoint of a large model, must not hold up every other decision. Each action is a task with
+keys: its job, and every device it frees or takes. A task starts once every earlier task that
+shares a key with it has ended, so a job's actions keep their order, and a job is resumed on a
+device only after the job that had the device has let it go; tasks that share nothing run at
+the same time, on a pool of threads.
+
+Decision: a task that does not end within its deadline is reported as failed (the loop
+handles that job), but its thread is not interrupted (a Python thread cannot be); the tasks
+after it on the same keys wait for it, as they must: their devices are not free until it ends.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class Task:
+    what: object  # what the caller wants back when the task ends (e.g. the action)
+    run: Callable[[], None]
+    keys: frozenset[Hashable]
+    waits: int = 0  # earlier tasks on the same keys still unfinished
+    then: list[Task] = field(default_factory=list)  # later tasks waiting for this one
+    sent: float = field(default_factory=time.monotonic)
+    started: float | None = None
+    ended: bool = False
+
+
+class Courier:
+    """Runs tasks on ``workers`` threads; ``done(task, seconds, error)`` is called from the
+    worker as each ends (``seconds``: from its start; ``error``: None or the exception)."""
+
+    def __init__(self, done: Callable[[Task, float, BaseException | None], None],
+                 workers: int = 16) -> None:
+        self._done = done
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gandiva-act")
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._last: dict[Hashable, Task] = {}  # the latest task holding each key
+        self._open = 0  # tasks sent and not ended
+
+    def send(self, what: object, run: Callable[[], None], keys: Iterable[Hashable]) -> Task:
+        task = Task(what, run, frozenset(keys))
+        with self._lock:
+            self._open += 1
+            for before in {self._last[k] for k in task.keys if k in self._last}:
+                before.then.append(task)
+                task.waits += 1
+            for k in task.keys:
+                self._last[k] = task
+            ready = task.waits == 0
+        if ready:
+            self._pool.submit(self._run, task)
+        return task
+
+    def _run(self, task: Task) -> None:
+        task.started = time.monotonic()
+        error: BaseException | None = None
+        try:
+            task.run()
+        except BaseException as e:  # noqa: BLE001 - reported to the loop, never lost
+            error = e
+        seconds = time.monotonic() - task.started
+        task.ended = True
+        try:
+            self._done(task, seconds, error)
+        finally:
+            ready = []
+            with self._lock:
+                for k in task.keys:
+                    if self._last.get(k) is task:
+                        del self._last[k]
+                for after in task.then:
+                    after.waits -= 1
+                    if after.waits == 0:
+                        ready.append(after)
+                self._open -= 1
+                if self._open == 0:
+                    self._idle.notify_all()
+            for after in ready:
+                self._pool.submit(self._run, after)
+
+    def pending(self) -> int:
+        """Tasks sent and not ended (waiting or running)."""
+        with self._lock:
+            return self._open
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every task sent has ended; False if ``timeout`` passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._open:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def close(self, timeout: float | None = None) -> None:
+        self.wait(timeout)
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,228 @@
+"""Hollow nodes: servers with no processes, for running the real control plane at scale.
+
+The server, its store, the loop and the policy are the real ones; only the nodes are hollow.
+A hollow node answers every action after the time it takes on a real one, and runs each job
+at the speed the performance model gives its model on its GPUs, reporting profiles and its
+end as an agent does. So a thousand servers fit on one machine, and what is measured is the
+control plane: decision latency, rounds, the API under load, the database.
+
+What each action costs, from our own measurements (``gandiva/data/models.json`` through
+``PerfModel``; see ``benchmarks/mechanisms.py`` for how they were taken):
+- suspend: the wait for the job's next mini-batch boundary (uniform over one mini-batch of
+  its loop), then half of ``suspend_resume_time`` of its checkpoint size (the paper's Fig 13);
+- resume: the other half;
+- migrate, grow, shrink: a boundary wait, then ``migration_time`` of its checkpoint size;
+- start: ``START_S``, a process from the warm pool importing the job's framework.
+
+A job's command is ``hollow_launch(model, steps)``: what it trains and for how many steps of
+its loop. Its log is empty: there is no process to write one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import queue
+import random
+import re
+import threading
+import time
+from dataclasses import dataclass
+
+from gandiva.runtime.agent import AgentEvent, Launch
+from gandiva.sim.perf import PerfModel, default_perf_model
+from gandiva.state import Cluster
+
+START_S = 1.0  # decision: a warm process's start; the agent's warm pool keeps it near this
+FIRST_PROFILE_STEPS = 20  # as the simulator: a profile once the job has warmed up
+PROFILE_EVERY_S = 60.0  # then, while it runs, as the local backend stores them
+COMMAND = "gandiva-hollow"
+
+
+def hollow_launch(model: str, steps: int) -> Launch:
+    """The command a hollow node runs: ``model`` for ``steps`` steps of its loop."""
+    return Launch([COMMAND, model, str(steps)])
+
+
+@dataclass
+class _Job:
+    id: str
+    model: str
+    steps: float  # of the job's loop, in all
+    devices: tuple[int, ...]
+    done: float = 0.0
+    since: float | None = None  # running since (monotonic); None while suspended
+    version: int = 0  # bumped at every change: timers set before are void
+
+
+class HollowNodes:
+    """``servers`` hollow servers of ``gpus`` GPUs of ``gpu_type``: the ``Nodes`` interface
+    (see ``gandiva.runtime.nodes``), with no processes."""
+
+    def __init__(self, servers: int, gpus: int = 8, gpu_type: str = "V100",
+                 perf: PerfModel | None = None, seed: int = 0) -> None:
+        self.perf = perf or default_perf_model()
+        self.gpu_type = gpu_type
+        self._spec = f"{servers}x{gpus}:{gpu_type}"
+        self.devices = [f"hollow{s}:{i}" for s in range(servers) for i in range(gpus)]
+        self._per_server = gpus
+        self.events: queue.Queue[AgentEvent] = queue.Queue()
+        self.jobs: dict[str, _Job] = {}
+        self.ended: set[str] = set()
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._timers: list[tuple[float, int, str, str, int]] = []  # (at, seq, job, kind, ver)
+        self._seq = itertools.count()
+        self._wake = threading.Condition(self._lock)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run_timers, name="gandiva-hollow",
+                                        daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def parse(cls, spec: str) -> HollowNodes:
+        """``SERVERSxGPUS[:TYPE]``, e.g. ``1000x8:V100``."""
+        m = re.fullmatch(r"(\d+)x(\d+)(?::([A-Za-z0-9]+))?", spec.strip())
+        if m is None or int(m[1]) < 1 or int(m[2]) < 1:
+            raise ValueError("write SERVERSxGPUS[:TYPE], e.g. 1000x8:V100")
+        perf = default_perf_model()
+        gpu_type = m[3] or "V100"
+        if gpu_type not in perf.gpu_types:
+            raise ValueError(f"no GPU type {gpu_type!r} in the performance model; use one of "
+                             f"{', '.join(perf.gpu_types)}")
+        return cls(int(m[1]), int(m[2]), gpu_type, perf)
+
+    def cluster(self) -> Cluster:
+        return Cluster.build(self._spec)
+
+    # ---- what a job costs ---------------------------------------------------------------
+    def _rate(self, job: _Job) -> float:
+        """Steps of the job's loop per second on its devices (a step of a job of N GPUs is
+        one mini-batch on each: Gavel's throughput rows, as the simulator counts them)."""
+        return self.perf.throughput(job.model, self.gpu_type, len(job.devices))
+
+    def _checkpoint_mb(self, job: _Job) -> float:
+        return self.perf.profile(job.model).checkpoint_mb
+
+    def _boundary_wait(self, job: _Job) -> float:
+        with self._lock:
+            return self._rng.uniform(0.0, 1.0 / self._rate(job))
+
+    def _servers(self, devices: tuple[int, ...]) -> set[int]:
+        return {d // self._per_server for d in devices}
+
+    # ---- the Nodes interface ------------------------------------------------------------
+    def start(self, job_id: str, launch: Launch, devices: tuple[int, ...]) -> None:
+        if launch.command[:1] != [COMMAND] or len(launch.command) != 3:
+            raise ValueError(f"job {job_id!r}: a hollow node runs only "
+                             f"hollow_launch(model, steps), not {launch.command!r}")
+        model, steps = launch.command[1], int(launch.command[2])
+        self.perf.resolve(model)  # an unknown model fails the action, naming it
+        time.sleep(START_S)
+        with self._lock:
+            old = self.jobs.get(job_id)
+            job = _Job(job_id, model, steps, tuple(devices), done=old.done if old else 0.0)
+            self.jobs[job_id] = job
+            self.ended.discard(job_id)
+            self._run(job)
+
+    def suspend(self, job_id: str) -> None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        time.sleep(self._boundary_wait(job)
+                   + self.perf.suspend_resume_time(self._checkpoint_mb(job)) / 2)
+        with self._lock:
+            self._pause(job)
+
+    def resume(self, job_id: str, devices: tuple[int, ...]) -> None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        time.sleep(self.perf.suspend_resume_time(self._checkpoint_mb(job)) / 2)
+        with self._lock:
+            job.devices = tuple(devices)
+            self._run(job)
+
+    def restart(self, job_id: str, devices: tuple[int, ...]) -> None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        across = self._servers(devices) != self._servers(job.devices)
+        time.sleep(self._boundary_wait(job)
+                   + self.perf.migration_time(self._checkpoint_mb(job), across))
+        with self._lock:
+            self._pause(job)
+            job.devices = tuple(devices)
+            self._run(job)
+
+    def park(self, job_id: str) -> None:
+        job = self.jobs.get(job_id)
+        if job is not None:
+            time.sleep(self._boundary_wait(job))
+            self._forget(job)
+
+    def kill(self, job_id: str) -> None:
+        job = self.jobs.get(job_id)
+        if job is not None:
+            self._forget(job)
+
+    def read_log(self, job_id: str, rank: int = 0, offset: int = 0) -> bytes:
+        return b""  # no process, no output
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(timeout=5)
+
+    # ---- progress (under the lock) ------------------------------------------------------
+    def _run(self, job: _Job) -> None:
+        job.since = time.monotonic()
+        job.version += 1
+        rate = self._rate(job)
+        self._timer(job.since + (job.steps - job.done) / rate, job, "done")
+        self._timer(job.since + min(FIRST_PROFILE_STEPS / rate, PROFILE_EVERY_S), job, "profile")
+
+    def _pause(self, job: _Job) -> None:
+        if job.since is not None:
+            job.done = min(job.steps, job.done + (time.monotonic() - job.since) * self._rate(job))
+            job.since = None
+        job.version += 1
+
+    def _forget(self, job: _Job) -> None:
+        with self._lock:
+            self._pause(job)
+            self.jobs.pop(job.id, None)
+            self.ended.add(job.id)
+
+    def _timer(self, at: float, job: _Job, kind: str) -> None:
+        heapq.heappush(self._timers, (at, next(self._seq), job.id, kind, job.version))
+        self._wake.notify()
+
+    def _run_timers(self) -> None:
+        with self._lock:
+            while not self._closed:
+                now = time.monotonic()
+                while self._timers and self._timers[0][0] <= now:
+                    _, _, job_id, kind, version = heapq.heappop(self._timers)
+                    job = self.jobs.get(job_id)
+                    if job is None or job.version != version or job.since is None:
+                        continue
+                    step = job.done + (now - job.since) * self._rate(job)
+                    if kind == "done":
+                        self.jobs.pop(job_id)
+                        self.ended.add(job_id)
+                        self.events.put(AgentEvent("done", job_id, {"step": int(job.steps)}))
+                    else:
+                        self._profile(job, int(step))
+                        heapq.heappush(self._timers, (now + PROFILE_EVERY_S, next(self._seq),
+                                                      job_id, "profile", version))
+                wait = self._timers[0][0] - now if self._timers else None
+                self._wake.wait(wait)
+
+    def _profile(self, job: _Job, step: int) -> None:
+        prof = self.perf.profile(job.model)
+        self.events.put(AgentEvent("profile", job.id, {
+            "step": step, "mini_batch_time": 1.0 / self._rate(job),
+            "memory_gb": prof.memory_gb, "utilization": prof.utilization, "metrics": {}}))

@@ -1,0 +1,54 @@
+"""What the scheduler's body asks of the machines that run jobs: the ``Nodes`` interface.
+
+``LocalBackend`` drives jobs through this and nothing else. Three implementations:
+- ``agent.Agent``: this machine's devices, real training processes (the default);
+- ``ray_backend.RayNodes``: one agent per Ray node, many machines;
+- ``hollow.HollowNodes``: servers with no processes, for measuring the control plane at scale.
+
+Every action may block (a suspend waits for the job's next mini-batch boundary); the backend
+calls them off its loop, one job's actions in order (``courier``). What happens on its own (a
+job's profile, its end, a node lost or joined) arrives on ``events``.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Collection
+from typing import Protocol
+
+from gandiva.runtime.agent import AgentEvent, Launch
+from gandiva.state import Cluster
+
+
+class Nodes(Protocol):
+    devices: list[str]  # every device's name, by the id the scheduler uses for it
+    events: queue.Queue[AgentEvent]  # "profile", "done", "failed", "restarted", "node-lost"...
+    jobs: Collection[str]  # jobs that have processes (running or suspended)
+    ended: set[str]  # jobs whose processes ended (done, failed, parked or killed)
+
+    def cluster(self) -> Cluster:
+        """The cluster state these nodes make up (only where the backend did not detect it)."""
+
+    def start(self, job_id: str, launch: Launch, devices: tuple[int, ...]) -> None:
+        """Start the job (from its newest checkpoint, if any) on ``devices``."""
+
+    def suspend(self, job_id: str) -> None:
+        """Suspend at the next mini-batch boundary (device memory freed)."""
+
+    def resume(self, job_id: str, devices: tuple[int, ...]) -> None:
+        """Resume a suspended job on ``devices``."""
+
+    def restart(self, job_id: str, devices: tuple[int, ...]) -> None:
+        """Checkpoint at the next boundary and go on on ``devices`` (migrate, grow, shrink)."""
+
+    def park(self, job_id: str) -> None:
+        """Checkpoint at the next boundary and end the processes (hold, shutdown)."""
+
+    def kill(self, job_id: str) -> None:
+        """End the processes now."""
+
+    def read_log(self, job_id: str, rank: int = 0, offset: int = 0) -> bytes:
+        """A rank's output from ``offset``."""
+
+    def close(self) -> None:
+        """End every process and free what the nodes hold."""
