@@ -361,3 +361,40 @@ def test_a_big_gang_clears_servers_of_long_served_jobs():
     assert t == pytest.approx(5000) and len(place.gpus) == 8
     assert len(acts(result, A.Suspend)) == 8
     assert jcts(result)["gang"] == pytest.approx(1000)  # two whole servers: no extra spread
+
+
+# ---- the arrival shortcut ---------------------------------------------------------------------
+@pytest.mark.parametrize("trace_name,cluster,count", [("philly", "4x4", 600),
+                                                      ("pollux-1", "4x4", 160)])
+def test_an_arrival_after_a_scan_that_placed_nothing_decides_exactly_as_a_full_rescan(
+        trace_name, cluster, count):
+    """Starting an arrival's scan at the newcomer (the jobs before it just failed in the
+    same state) changes no decision: the same actions at the same times, the same JCTs."""
+    import dataclasses
+
+    from gandiva.traces import load_trace
+
+    jobs = sorted((j for j in load_trace(trace_name).jobs if (j.duration or 0) <= 3600),
+                  key=lambda j: j.submit_time)[:count]  # short jobs: a quick simulation
+    t0 = jobs[0].submit_time
+    jobs = [dataclasses.replace(j, submit_time=(j.submit_time - t0) / 4) for j in jobs]  # busy
+    policy = type(make_policy("gandiva"))
+    shortcuts = []
+
+    class Counted(policy):
+        def _place_waiting(self, cluster, arrived=None):
+            if arrived is not None and self._stuck:
+                shortcuts.append(arrived.id)
+            return super()._place_waiting(cluster, arrived)
+
+    class FullRescan(policy):
+        def _place_waiting(self, cluster, arrived=None):
+            return super()._place_waiting(cluster, None)
+
+    def simulate(policy):
+        return Simulator(Cluster.build(cluster), policy, jobs, reference_gpu="V100").run()
+
+    fast, full = simulate(Counted()), simulate(FullRescan())
+    assert len(shortcuts) > count // 4  # the queue was long: the shortcut was taken often
+    assert fast.actions == full.actions
+    assert jcts(fast) == jcts(full)

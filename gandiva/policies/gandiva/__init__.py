@@ -89,6 +89,11 @@ class Gandiva:
         self._placed_on: set[int] = set()
         self.idle_since: dict[int, float] = {}
         self.defrags = 0
+        # The last scan of the waiting jobs placed none and made no action, and since then
+        # only arrivals came (and profile samples that made no action): the state those jobs
+        # failed in is unchanged, so an arrival's scan starts at the newcomer. Decision: off
+        # with las_admission, whose displacing depends on attained service, i.e. on time.
+        self._stuck = False
 
     # ---- timers -------------------------------------------------------------------------
     def timer(self, at: float, kind: str, server: int = -1) -> None:
@@ -111,8 +116,11 @@ class Gandiva:
         touched: set[int] = set()
         if not isinstance(event, E.ProfileSample):
             self.recheck_trials = True  # this event, or what follows it, may end a trial
+        if not isinstance(event, E.Arrival | E.ProfileSample):
+            self._stuck = False
+        arrived = None
         if isinstance(event, E.Arrival):
-            job = cluster.jobs[event.job.id]
+            job = arrived = cluster.jobs[event.job.id]
             self.unassigned.add(job)
             if job.spec.elastic:
                 self.elastic_jobs[job.id] = None
@@ -132,7 +140,9 @@ class Gandiva:
         elif isinstance(event, E.ProfileSample):
             packing.observe(self, cluster, event)
             if self.pack:
-                yield from packing.judge(self, cluster)
+                for action in packing.judge(self, cluster):
+                    self._stuck = False
+                    yield action
             return
 
         due = self._due(cluster.now) if isinstance(event, E.Tick) else []
@@ -145,7 +155,7 @@ class Gandiva:
             yield from self._refill(cluster, touched - slices, tick=False)
         touched |= slices
         if not isinstance(event, E.Tick):  # time slices move no job between servers
-            yield from self._place_waiting(cluster)
+            yield from self._place_waiting(cluster, arrived)
         if isinstance(event, E.Departure | E.Join):  # GPUs became free, or new ones came
             yield from self._lower_height(cluster)
             if self.migrate:
@@ -187,19 +197,30 @@ class Gandiva:
             if waiting:
                 self.timer(timeslice.next_round(self, cluster.now), "slice", server)
 
-    def _place_waiting(self, cluster: Cluster) -> Iterator[A.Action]:
-        """Algorithm 1 for the jobs not yet on a server, highest priority then oldest first."""
+    def _place_waiting(self, cluster: Cluster, arrived: Job | None = None
+                       ) -> Iterator[A.Action]:
+        """Algorithm 1 for the jobs not yet on a server, highest priority then oldest first.
+        (After a scan that was ``_stuck``, an ``arrived`` job's scan starts at it: the jobs
+        before it would fail again as they just did, changing nothing.)"""
         i = 0
         widths: set[int] = set()  # the first waiting job of each width is at its head
+        if arrived is not None and self._stuck and not self.las_admission:
+            i = self.unassigned.index(arrived.id)
+            if i >= self.scan_depth:
+                return
+            widths = {cluster.jobs[j].num_gpus for j in self.unassigned.first(i)}
+        changed = False
         while i < min(self.scan_depth, len(self.unassigned)):
             job = cluster.jobs[self.unassigned[i]]
             head = job.num_gpus not in widths
             widths.add(job.num_gpus)
-            placed = yield from self._place(cluster, job, first=head)
+            placed, acted = yield from _noting(self._place(cluster, job, first=head))
+            changed = changed or placed or acted
             if placed:
                 self.unassigned.discard(job.id)
             else:
                 i += 1
+        self._stuck = not changed
 
     def _grown(self, cluster: Cluster) -> bool:
         """Does any elastic job run wider than it asked (so that it could shrink)?"""
@@ -290,3 +311,15 @@ class Gandiva:
 
 
 POLICY = Gandiva
+
+
+def _noting(actions):  # -> Generator[Action, None, tuple[result, bool]]
+    """Pass on what ``actions`` yields; return its result and whether it yielded any."""
+    acted = False
+    while True:
+        try:
+            action = next(actions)
+        except StopIteration as end:
+            return end.value, acted
+        acted = True
+        yield action

@@ -43,6 +43,9 @@ class Waiting:
     def __getitem__(self, i: int) -> str:
         return self._order[i][3]
 
+    def index(self, job_id: str) -> int:
+        return self._order.index(self._key[job_id])
+
     def first(self, n: int) -> Iterator[str]:
         for key in self._order.islice(0, n):
             yield key[3]
