@@ -23,7 +23,7 @@ Printed per run:
 Quantiles of the server's histograms are interpolated within their Prometheus buckets.
 
 Usage: python benchmarks/scale.py [--servers 100,300,1000] [--db sqlite,postgresql]
-       [--jobs 20000] [--rate 500] [--rounds 2] [--quantum 60]
+       [--jobs 20000] [--rate 500] [--rounds 2] [--quantum 60] [--profile DIR]
 Prints a table and one JSON line per run, then one JSON line with every run.
 """
 
@@ -47,7 +47,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from api_load import memory_mb, pct, postgresql, settle  # noqa: E402
+from api_load import memory_mb, pct, postgresql, profiling, settle  # noqa: E402
 from serving import running  # noqa: E402  (api_load put tests/ on the path)
 
 USERS = ("vc1", "vc2", "vc3", "vc4")  # Philly's virtual clusters stand behind its users
@@ -258,7 +258,8 @@ def run_one(servers: int, kind: str, args: argparse.Namespace, pool: Pool) -> di
         settle(srv.proc.pid)
         pid = srv.proc.pid
         start_metrics = scrape(srv.url)
-        with Prober(srv.url, srv.tokens[USERS[0]]) as prober:
+        profile = args.profile / f"{servers}-{kind}.txt" if args.profile else None
+        with profiling(pid, profile), Prober(srv.url, srv.tokens[USERS[0]]) as prober:
             load = pool.apply(submit, (srv.url, srv.tokens, bodies, args.rate, args.clients))
             flood_end = time.monotonic()
             after_flood = scrape(srv.url)
@@ -345,6 +346,8 @@ def main() -> None:
     ap.add_argument("--quantum", type=float, default=60.0, help="the paper's: 60 s")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, help="also write the JSON lines here")
+    ap.add_argument("--profile", type=Path, help="a directory: py-spy's samples of the "
+                    "server's GIL holder, one file per run (needs py-spy)")
     args = ap.parse_args()
     rows = []
     t0 = time.monotonic()

@@ -276,7 +276,8 @@ def register(app: typer.Typer, user_app: typer.Typer) -> None:
             view = run(client.cluster)
             t = Table(box=None, header_style="bold",
                       title=f"{view['policy']}: {view['total'] - view['free']} of "
-                            f"{view['total']} devices busy, {len(view['queue'])} queued",
+                            f"{view['total']} devices busy, "
+                            f"{view.get('queue_length', len(view['queue']))} queued",
                       title_justify="left")
             for col in ("NODE", "DEVICE", "MODE", "RUNNING", "TIME-SLICED (WAITING TURN)"):
                 t.add_column(col, overflow="fold")

@@ -114,6 +114,9 @@ class Cluster:
         # cost is modelled as a stall of the job), so it leaves ``confirms`` off and this empty.
         self.confirms = False
         self.transitions: dict[str, str] = {}
+        # GPUs whose jobs changed, for a watcher that takes them (a real backend's timeline:
+        # it looks at these, not at every GPU, after each event); None: nobody watches
+        self.touched: set[int] | None = None
         self.now = 0.0
         self.queue: SortedList = SortedList()  # (submit_time, seq, job_id) of queued jobs
         self.suspended: dict[str, None] = {}  # ordered set
@@ -397,6 +400,8 @@ class Cluster:
             if not gpu.jobs:
                 self._take(gpu)
             gpu.jobs.append(job.id)
+        if self.touched is not None:
+            self.touched.update(gpus)
         job.gpus = tuple(gpus)
         job.status = JobStatus.RUNNING
         job.run_since = self.now
@@ -414,6 +419,8 @@ class Cluster:
             gpu.jobs.remove(job.id)
             if not gpu.jobs:
                 self._give(gpu)
+        if self.touched is not None:
+            self.touched.update(job.gpus)
         job.gpus = ()
         del self.running[job.id]
 

@@ -123,3 +123,26 @@ def test_a_node_that_stalls_every_action_holds_up_neither_the_loop_nor_other_ser
     backend.stop()
     loop.join(timeout=30)
     assert not loop.is_alive()
+
+
+def test_the_cluster_view_shows_the_head_of_a_long_queue_and_its_length(tmp_path):
+    from gandiva.runtime.local import QUEUE_SHOWN
+
+    nodes = HollowNodes(servers=1, gpus=1)
+    backend = LocalBackend(make_policy("fifo"), tmp_path, nodes=nodes)
+    count = QUEUE_SHOWN + 50
+    for i in range(count):
+        backend.submit(JobSpec(f"j{i:03d}", 0.0, 1, MODEL), hollow_launch(MODEL, 10**9))
+    loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
+    loop.start()
+    try:
+        deadline = time.monotonic() + 30
+        while backend.view()["queue_length"] != count - 1:  # one runs, the rest wait
+            assert time.monotonic() < deadline, backend.view()["queue_length"]
+            time.sleep(0.05)
+        view = backend.view()
+        assert view["queue"] == [f"j{i:03d}" for i in range(1, QUEUE_SHOWN + 1)]
+        assert backend.explain(f"j{count - 1:03d}")["queue_position"] == count - 1
+    finally:
+        backend.stop()
+        loop.join(timeout=30)

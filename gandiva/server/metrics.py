@@ -107,7 +107,7 @@ class Metrics(Observer):
             jobs.add_metric([state], states.get(state, 0))
         yield jobs
         yield GaugeMetricFamily("gandiva_queue_length", "Jobs waiting for devices in the "
-                                "scheduler's queue", value=len(view["queue"]))
+                                "scheduler's queue", value=view["queue_length"])
         yield GaugeMetricFamily("gandiva_devices", "Devices (GPUs, or CPU slots standing in "
                                 "for them)", value=view["total"])
         yield GaugeMetricFamily("gandiva_devices_allocated", "Devices holding at least one "

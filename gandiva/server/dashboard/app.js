@@ -219,7 +219,10 @@ function renderCluster(cluster) {
     `policy ${cluster.policy} · ${cluster.total} devices, ${cluster.free} free`;
   $("#gpu-map").replaceChildren(...cluster.nodes.map(renderNode));
   const queue = cluster.queue.map((id) => id ?? "(another user)");
-  $("#queue").textContent = queue.length ? `In line: ${queue.join(", ")}` : "Nobody in line.";
+  const more = (cluster.queue_length ?? queue.length) - queue.length;
+  $("#queue").textContent = queue.length
+    ? `In line (${queue.length + more}): ${queue.join(", ")}${more > 0 ? `, and ${more} more` : ""}`
+    : "Nobody in line.";
 }
 
 function renderNode(node) {
