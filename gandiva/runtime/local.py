@@ -194,6 +194,10 @@ class LocalBackend:
         # "migrated", "resized", "restarted", "held", "done", "failed", "cancelled",
         # "feedback"): where a server persists it
         self.on_change: Callable[[JobRecord, str], None] | None = None
+        # called before actions go to the nodes, after the changes that describe them were
+        # reported through on_change: where a server stores them (in one transaction)
+        self.on_flush: Callable[[], None] | None = None
+        self._outbox: list[tuple[str, object, Callable[[], None], tuple[int, ...]]] = []
         self.observer = Observer()
         self.cluster.confirms = True  # actions take time here: jobs are in transition
         low, high = ACTION_WORKERS
@@ -347,11 +351,13 @@ class LocalBackend:
         for rec in live:
             self._send(rec.spec.id, "drain", partial(self.agent.park, rec.spec.id),
                        rec.devices)
+        self._flush()
         tasks = {rec.spec.id: self.inflight[rec.spec.id] for rec in live}
         self.courier.wait(budget_s)
         for rec in live:
             done = tasks[rec.spec.id].ended
             self._set(rec, "stopped-for-shutdown" if done else "shutdown-timeout")
+        self._flush()
 
     def _set(self, rec: JobRecord, what: str, status: str | None = None) -> None:
         if status is not None:
@@ -423,6 +429,7 @@ class LocalBackend:
             self._check_overdue()
         if self.now() >= self._next_sample:
             self._sample()
+        self._flush()  # what users asked for, what nodes confirmed
         since = self.now() - self._snapshot_at
         if self._dirty and (since >= SNAPSHOT_EVERY_S or (
                 self.agent.events.empty() and since >= SNAPSHOT_SHARE * self._snapshot_cost)):
@@ -525,6 +532,7 @@ class LocalBackend:
         outer, self._sent = self._sent, []
         try:
             self.scheduler.handle(event)
+            self._flush()
         finally:
             sent, self._sent = self._sent, outer
         self.observer.decision(event, time.perf_counter() - t)
@@ -663,10 +671,20 @@ class LocalBackend:
               devices: tuple[int, ...]) -> None:
         """Give the node ``do`` (an action, or a user's request), after the job's earlier
         ones and after whatever was using ``devices``."""
-        keys = {("job", job), *(("device", d) for d in devices)}
-        self.inflight[job] = task = self.courier.send((job, what, self.now()), do, keys)
-        if self._sent is not None:
-            self._sent.append(task)
+        self._outbox.append((job, what, do, devices))
+
+    def _flush(self) -> None:
+        """Have what changed stored (``on_flush``: a server writes every change since the
+        last flush in one transaction), then hand the actions over to the nodes: a job's
+        new state is on record before its processes are touched."""
+        if self.on_flush is not None:
+            self.on_flush()
+        outbox, self._outbox = self._outbox, []
+        for job, what, do, devices in outbox:
+            keys = {("job", job), *(("device", d) for d in devices)}
+            self.inflight[job] = task = self.courier.send((job, what, self.now()), do, keys)
+            if self._sent is not None:
+                self._sent.append(task)
 
     def _acted(self, task: Task, seconds: float, error: BaseException | None) -> None:
         """(On the courier's thread.) The node has carried out ``task``: tell the loop."""

@@ -54,7 +54,15 @@ from gandiva.runtime.agent import Launch
 from gandiva.runtime.local import JobRecord, LocalBackend
 from gandiva.server.jobspec import JobRequest, JsonInt
 from gandiva.server.metrics import Metrics
-from gandiva.server.store import TERMINAL, EventRow, JobRow, Principal, Store, StoreError
+from gandiva.server.store import (
+    TERMINAL,
+    EventRow,
+    JobChange,
+    JobRow,
+    Principal,
+    Store,
+    StoreError,
+)
 from gandiva.spec import JobSpec
 
 DASHBOARD = Path(__file__).parent / "dashboard"
@@ -269,7 +277,9 @@ class Service:
         self.unfinished: collections.Counter[int] = collections.Counter()  # user id -> jobs
         self._counted: dict[str, int] = {}  # job id -> its user, while counted unfinished
         self._count_lock = threading.Lock()
+        self._unstored: list[JobChange] = []  # what the loop reported, until it is flushed
         backend.on_change = self._persist
+        backend.on_flush = self._store
 
     def user_dir(self, who: Principal) -> Path:
         return self.base_dir / "users" / who.name
@@ -456,18 +466,24 @@ class Service:
         if state in TERMINAL:
             self._uncount(rec.spec.id)
         self.metrics.changed(what, state)
+        self._unstored.append(JobChange(rec.spec.id, what, data, state, reason))
+
+    def _store(self) -> None:
+        """(The loop's ``on_flush``.) Store every change reported since the last flush in one
+        transaction, before the actions they describe go to the nodes."""
+        changes, self._unstored = self._unstored, []
+        if not changes:
+            return
         for attempt in range(PERSIST_TRIES):
             try:
-                self.store.record(rec.spec.id, what, data, state=state, reason=reason)
+                for why in self.store.record_many(changes):  # e.g. a job that ended as it
+                    log.warning("not stored: %s", why)  # was cancelled
                 return
             except OperationalError as e:  # the database is down or restarting: wait for it
-                log.warning("cannot store %s of %s (%s); retrying", what, rec.spec.id, e)
+                log.warning("cannot store %d changes (%s); retrying", len(changes), e)
                 time.sleep(min(0.1 * 2 ** attempt, 8.0))
-            except StoreError as e:  # e.g. a job that ended as it was cancelled
-                log.warning("not stored: %s", e)
-                return
         # the scheduler goes on: a lost transition is corrected by the next one it stores
-        log.error("gave up storing %s of %s: the database is unreachable", what, rec.spec.id)
+        log.error("gave up storing %d changes: the database is unreachable", len(changes))
 
 
 class UserInfo(BaseModel):

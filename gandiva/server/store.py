@@ -46,6 +46,18 @@ TERMINAL = ("done", "failed", "cancelled")
 TOKEN_RECHECK_S = 10.0  # a cached token is looked up again after this long
 
 
+
+@dataclass
+class JobChange:
+    """An event of a job, and the state, reason or priority it moves the job to."""
+
+    job_id: str
+    kind: str
+    data: dict[str, Any] = field(default_factory=dict)
+    state: str | None = None
+    reason: str | None = None
+    priority: int | None = None
+
 class Base(DeclarativeBase):
     pass
 
@@ -316,25 +328,39 @@ class Store:
                priority: int | None = None) -> None:
         """Append an event of a job, and move it to ``state`` (or ``priority``) if given, in
         one transaction."""
+        refused = self.record_many([JobChange(job_id, kind, data or {}, state, reason, priority)])
+        if refused:
+            raise StoreError(refused[0])
+
+    def record_many(self, changes: list[JobChange]) -> list[str]:
+        """Store ``changes`` in one transaction (one commit for a whole time-slicing round);
+        returns why each one that could not apply was left out (no such job, or a state
+        after the end), the rest stored."""
         now = time.time()
+        refused: list[str] = []
         with self._writer, Session(self.engine) as s, s.begin():
             self._events_in_commit_order(s)
-            job = s.get(JobRow, job_id)
-            if job is None:
-                raise StoreError(f"no job {job_id!r}")
-            if state is not None:
-                if job.state in TERMINAL:
-                    raise StoreError(f"job {job_id!r} is {job.state}; it cannot become {state}")
-                job.state = state
-                if state == "running" and job.started_at is None:
-                    job.started_at = now
-                if state in TERMINAL:
-                    job.finished_at = now
-            if reason is not None:
-                job.reason = reason
-            if priority is not None:
-                job.priority = priority
-            s.add(EventRow(job_id=job_id, at=now, kind=kind, data=data or {}))
+            for c in changes:
+                job = s.get(JobRow, c.job_id)
+                if job is None:
+                    refused.append(f"no job {c.job_id!r}")
+                    continue
+                if c.state is not None:
+                    if job.state in TERMINAL:
+                        refused.append(f"job {c.job_id!r} is {job.state}; it cannot become "
+                                       f"{c.state}")
+                        continue
+                    job.state = c.state
+                    if c.state == "running" and job.started_at is None:
+                        job.started_at = now
+                    if c.state in TERMINAL:
+                        job.finished_at = now
+                if c.reason is not None:
+                    job.reason = c.reason
+                if c.priority is not None:
+                    job.priority = c.priority
+                s.add(EventRow(job_id=c.job_id, at=now, kind=c.kind, data=c.data))
+        return refused
 
     def job(self, who: Principal, job_id: str) -> JobRow | None:
         """The job if ``who`` may see it (their own, or any for an admin); else None, as if
