@@ -8,8 +8,9 @@ their own submit ``--jobs`` jobs drawn (seeded) from the Philly trace (its width
 model mix; a job's steps are its duration at its model's throughput on its GPU count) at
 ``--rate`` per second over keep-alive connections, from four users (the per-user limit of
 unfinished jobs is 10,000). Meanwhile and after the flood, a prober reads the API as a
-dashboard does (a job, the newest page of jobs, the cluster view, explain) and times each
-answer. Then the run waits for ``--rounds`` time-slicing rounds to settle.
+dashboard open on the cluster does, once a second (a job, the newest page of jobs, the
+cluster view, explain), and times each answer. Then the run waits for ``--rounds``
+time-slicing rounds to settle.
 
 Printed per run:
 - submissions per second achieved (offered: ``--rate``) and their p99;
@@ -55,6 +56,7 @@ GPUS_PER_SERVER = 8
 GPU_TYPE = "V100"
 API_GOAL_MS = 100.0
 ROUND_GOAL = 0.10  # of the quantum
+REFRESH_S = 1.0  # decision: a dashboard open on the cluster, refreshed every second
 console = Console(width=160)
 
 
@@ -178,7 +180,8 @@ def diff(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tup
 
 
 class Prober:
-    """Reads the API as a dashboard does, timing each answer, until stopped."""
+    """Reads the API as an open dashboard does (a page of jobs, a job, its explain, the
+    cluster view, every REFRESH_S), timing each answer, until stopped."""
 
     def __init__(self, url: str, token: str) -> None:
         self.url, self.token = url, token
@@ -210,7 +213,7 @@ class Prober:
                     self._time(http, "job", f"/v1/jobs/{one}")
                     self._time(http, "explain", f"/v1/jobs/{one}/explain")
                 self._time(http, "cluster", "/v1/cluster")
-                self._stop.wait(0.1)
+                self._stop.wait(REFRESH_S)
 
     def _time(self, http, endpoint: str, path: str):
         import httpx2

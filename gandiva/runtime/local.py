@@ -94,9 +94,9 @@ ACTION_DEADLINE_S = 2 * ACK_TIMEOUT_S + 30.0
 CLOSE_WAIT_S = 10.0  # at the end of a run, for actions still under way
 # actions carried out at once: each mostly waits on a job or a node, and actions that share
 # no device run at the same time, so up to one per device is useful; at least 32 (a small
-# machine's restarts), at most 512 threads (on hollow nodes, 8,000 devices' rounds settled
-# within seconds of the quantum with this). Decision: threads, not asynchronous nodes; see
-# the closing note of issue 15 for what asynchronous nodes would change.
+# machine's restarts), at most 512 threads. Decision: a thread per action under way, as the
+# Nodes interface blocks; at 1,000 servers (benchmarks/scale.py) this is what bounds a
+# round: nodes that answer asynchronously would need no thread per action.
 ACTION_WORKERS = (32, 512)
 
 
