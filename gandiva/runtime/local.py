@@ -117,7 +117,8 @@ class Observer:
     """What a server measures of the loop (``gandiva.server.metrics`` fills these in)."""
 
     def decision(self, event: E.Event, seconds: float) -> None:
-        """The scheduler handled ``event`` (the policy decided and its actions ran)."""
+        """The scheduler handled ``event``: the policy decided, and its actions were handed
+        to the nodes (not waited for; see ``action`` and ``settled``)."""
 
     def action(self, action: A.Action, seconds: float) -> None:
         """A node carried out ``action``; ``seconds`` is how long it took there."""
