@@ -166,12 +166,8 @@ def quantile(buckets: list[tuple[float, float]], q: float) -> float:
 
 def worst(buckets: list[tuple[float, float]]) -> float:
     """The upper bound of the highest non-empty bucket."""
-    prev = 0.0
-    for upper, cum in reversed(buckets):
-        if cum < (buckets[-1][1] if buckets else 0):
-            return prev
-        prev = upper
-    return prev
+    total = buckets[-1][1] if buckets else 0.0
+    return next((le for le, cum in buckets if cum >= total), 0.0)
 
 
 def diff(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -24,7 +24,6 @@ import heapq
 import itertools
 import queue
 import random
-import re
 import threading
 import time
 from dataclasses import dataclass
@@ -81,16 +80,17 @@ class HollowNodes:
 
     @classmethod
     def parse(cls, spec: str) -> HollowNodes:
-        """``SERVERSxGPUS[:TYPE]``, e.g. ``1000x8:V100``."""
-        m = re.fullmatch(r"(\d+)x(\d+)(?::([A-Za-z0-9]+))?", spec.strip())
-        if m is None or int(m[1]) < 1 or int(m[2]) < 1:
-            raise ValueError("write SERVERSxGPUS[:TYPE], e.g. 1000x8:V100")
+        """``SERVERSxGPUS[:TYPE]``, e.g. ``1000x8:V100``: read as a simulated cluster is."""
+        if "+" in spec:
+            raise ValueError("hollow servers are all alike: write one SERVERSxGPUS[:TYPE], "
+                             "e.g. 1000x8:V100")
+        built = Cluster.build(spec)  # its errors name the form and the known GPU types
         perf = default_perf_model()
-        gpu_type = m[3] or "V100"
+        gpu_type = built.gpus[0].type
         if gpu_type not in perf.gpu_types:
             raise ValueError(f"no GPU type {gpu_type!r} in the performance model; use one of "
                              f"{', '.join(perf.gpu_types)}")
-        return cls(int(m[1]), int(m[2]), gpu_type, perf)
+        return cls(len(built.nodes), len(built.nodes[0].gpus), gpu_type, perf)
 
     def cluster(self) -> Cluster:
         return Cluster.build(self._spec)
@@ -216,8 +216,7 @@ class HollowNodes:
                         self.events.put(AgentEvent("done", job_id, {"step": int(job.steps)}))
                     else:
                         self._profile(job, int(step))
-                        heapq.heappush(self._timers, (now + PROFILE_EVERY_S, next(self._seq),
-                                                      job_id, "profile", version))
+                        self._timer(now + PROFILE_EVERY_S, job, "profile")
                 wait = self._timers[0][0] - now if self._timers else None
                 self._wake.wait(wait)
 

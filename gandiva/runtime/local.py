@@ -107,10 +107,12 @@ class _Batch:
     event: E.Event
     actions: int
     decided: float  # monotonic
-    left: int = -1
+    left: int  # not yet carried out
 
-    def __post_init__(self) -> None:
-        self.left = self.actions
+
+def named(what: object) -> str:
+    """An action's name as metrics and reasons spell it ("suspend"), or a user's request."""
+    return type(what).__name__.lower() if isinstance(what, A.Action) else str(what)
 
 
 class Observer:
@@ -182,9 +184,8 @@ class LocalBackend:
         self.wakes: list[float] = []
         # (time, action, seconds it took): the newest ones, for a run's result
         self.actions: deque[tuple[float, A.Action, float]] = deque(maxlen=100_000)
-        self._open: dict[tuple[int, str], float] = {}
-        self._shared: dict[tuple[int, str], bool] = {}
-        self._on: dict[int, set[str]] = {}  # device -> jobs with an open segment there
+        # device -> job -> (since, shared): the timeline's segments not yet closed
+        self._open: dict[int, dict[str, tuple[float, bool]]] = {}
         self.cluster.touched = set()  # the devices _track looks at
         self._limited: dict[str, None] = {}  # jobs with a time limit, not yet ended
         self._next_overdue_check = 0.0
@@ -538,7 +539,7 @@ class LocalBackend:
             sent, self._sent = self._sent, outer
         self.observer.decision(event, time.perf_counter() - t)
         if sent:  # settled when the last of them is carried out
-            batch = _Batch(event, len(sent), time.monotonic())
+            batch = _Batch(event, len(sent), time.monotonic(), len(sent))
             for task in sent:
                 self._batches[task] = batch
         self._track()
@@ -709,9 +710,8 @@ class LocalBackend:
         if error is not None and rec is not None and rec.status not in TERMINAL:
             # the node could not do it (e.g. a process that cannot start): the job fails,
             # as it would had its process died, rather than the loop
-            name = type(what).__name__.lower() if isinstance(what, A.Action) else str(what)
             rec.finish = self.now()
-            rec.reason = f"its node could not {name} it: {error}"
+            rec.reason = f"its node could not {named(what)} it: {error}"
             self._set(rec, "failed", "failed")
             state = self.cluster.jobs.get(job)
             if state is not None and state.status not in (JobStatus.DONE, JobStatus.KILLED):
@@ -732,9 +732,8 @@ class LocalBackend:
                 continue
             self.overdue.add(job)
             _, what, _ = task.what
-            name = type(what).__name__.lower() if isinstance(what, A.Action) else str(what)
             rec = self.records[job]
-            rec.reason = (f"its node has not carried out {name} for "
+            rec.reason = (f"its node has not carried out {named(what)} for "
                           f"{ACTION_DEADLINE_S:g} s; its devices wait for it")
             self._set(rec, "action-overdue")
             self.observer.overdue(what)
@@ -747,23 +746,19 @@ class LocalBackend:
         for g in touched:
             jobs = gpus[g].jobs
             live = {j: len(jobs) > 1 for j in jobs}
-            on = self._on.setdefault(g, set())
-            for j in list(on):
-                key = (g, j)
-                if live.get(j) != self._shared[key]:
-                    start = self._open.pop(key)
-                    self.timeline.append((g, j, start, now, self._shared.pop(key)))
-                    on.discard(j)
+            open_here = self._open.setdefault(g, {})
+            for j, (start, shared) in list(open_here.items()):
+                if live.get(j) != shared:
+                    del open_here[j]
+                    self.timeline.append((g, j, start, now, shared))
             for j, shared in live.items():
-                if j not in on:
-                    on.add(j)
-                    self._open[(g, j)] = now
-                    self._shared[(g, j)] = shared
+                if j not in open_here:
+                    open_here[j] = (now, shared)
         touched.clear()
 
     def _close_segments(self) -> None:
         now = self.now()
-        for key, start in self._open.items():
-            self.timeline.append((key[0], key[1], start, now, self._shared[key]))
+        for g, open_here in self._open.items():
+            for j, (start, shared) in open_here.items():
+                self.timeline.append((g, j, start, now, shared))
         self._open.clear()
-        self._on.clear()

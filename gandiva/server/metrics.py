@@ -35,7 +35,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from gandiva import actions as A
 from gandiva import events as E
-from gandiva.runtime.local import LocalBackend, Observer
+from gandiva.runtime.local import LocalBackend, Observer, named
 
 # from sub-millisecond decisions to checkpoints of large models
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
@@ -84,14 +84,13 @@ class Metrics(Observer):
 
     def action(self, action: A.Action, seconds: float) -> None:
         if not isinstance(action, A.Wake):
-            self.actions.labels(type(action).__name__.lower()).observe(seconds)
+            self.actions.labels(named(action)).observe(seconds)
 
     def settled(self, event: E.Event, actions: int, seconds: float) -> None:
         self.settle.labels(type(event).__name__.lower()).observe(seconds)
 
     def overdue(self, action: object) -> None:
-        name = type(action).__name__.lower() if isinstance(action, A.Action) else str(action)
-        self.overdue_actions.labels(name).inc()
+        self.overdue_actions.labels(named(action)).inc()
 
     # ---- a collector: gauges at scrape time ----------------------------------------------
     def describe(self):
