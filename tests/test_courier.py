@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import CancelledError, Future
 
 from gandiva.runtime.courier import Courier
 
@@ -51,4 +52,36 @@ def test_a_failing_task_is_reported_and_those_after_it_still_run():
     assert courier.wait(10)
     assert [w for w, _ in ended] == ["first", "second"]
     assert isinstance(ended[0][1], RuntimeError) and ended[1][1] is None
+    courier.close()
+
+
+def test_a_task_that_answers_with_a_future_frees_its_thread_and_ends_when_the_future_does():
+    ended: list[tuple[str, BaseException | None]] = []
+    courier = Courier(lambda task, s, e: ended.append((task.what, e)), workers=1)
+    futures: dict[str, Future] = {}
+
+    def answer_later(name: str):
+        def run() -> Future:
+            futures[name] = Future()
+            return futures[name]
+        return run
+
+    # one thread, three tasks on different jobs: all three are under way at once
+    for name in ("a", "b", "c"):
+        courier.send(name, answer_later(name), [("job", name)])
+    courier.send("a again", lambda: None, [("job", "a")])
+    deadline = time.monotonic() + 10
+    while len(futures) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert ended == [] and courier.pending() == 4  # "a again" waits for a's future
+    futures["b"].set_result(None)
+    futures["a"].set_exception(RuntimeError("no room"))
+    futures["c"].cancel()
+    assert courier.wait(10)
+    assert [w for w, _ in ended][:2] == ["b", "a"] and set(w for w, _ in ended) == {
+        "a", "b", "c", "a again"}
+    errors = dict(ended)
+    assert isinstance(errors["a"], RuntimeError) and errors["b"] is None
+    assert isinstance(errors["c"], CancelledError) and errors["a again"] is None
     courier.close()

@@ -71,19 +71,19 @@ class StalledServer(HollowNodes):
 
     def start(self, job_id, launch, devices):
         self._stall(job_id, devices)
-        super().start(job_id, launch, devices)
+        return super().start(job_id, launch, devices)
 
     def suspend(self, job_id):
         self._stall(job_id)
-        super().suspend(job_id)
+        return super().suspend(job_id)
 
     def resume(self, job_id, devices):
         self._stall(job_id, devices)
-        super().resume(job_id, devices)
+        return super().resume(job_id, devices)
 
     def restart(self, job_id, devices):
         self._stall(job_id, devices)
-        super().restart(job_id, devices)
+        return super().restart(job_id, devices)
 
 
 @pytest.mark.timeout(120)
@@ -143,6 +143,37 @@ def test_the_cluster_view_shows_the_head_of_a_long_queue_and_its_length(tmp_path
         view = backend.view()
         assert view["queue"] == [f"j{i:03d}" for i in range(1, QUEUE_SHOWN + 1)]
         assert backend.explain(f"j{count - 1:03d}")["queue_position"] == count - 1
+    finally:
+        backend.stop()
+        loop.join(timeout=30)
+
+
+def test_the_cluster_view_is_rebuilt_only_where_devices_changed(tmp_path):
+    nodes = HollowNodes(servers=3, gpus=2)
+    backend = LocalBackend(make_policy("fifo"), tmp_path, nodes=nodes)
+    loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
+    loop.start()
+
+    def placed(count: int) -> dict:
+        deadline = time.monotonic() + 30
+        while True:
+            view = backend.view()
+            on = {j for n in view["nodes"] for d in n["devices"] for j in d["jobs"]}
+            if len(on) == count:
+                return view
+            assert time.monotonic() < deadline, view
+            time.sleep(0.05)
+    try:
+        backend.submit(JobSpec("a", 0.0, 2, MODEL), hollow_launch(MODEL, 10**9))
+        before = placed(1)
+        backend.submit(JobSpec("b", 0.0, 2, MODEL), hollow_launch(MODEL, 10**9))
+        after = placed(2)
+        changed = [i for i, (x, y) in enumerate(zip(before["nodes"], after["nodes"],
+                                                    strict=True)) if x is not y]
+        assert len(changed) == 1  # b's server; the other two are the same objects as before
+        node = after["nodes"][changed[0]]
+        assert [d["jobs"] for d in node["devices"]] == [["b"], ["b"]]
+        assert before["nodes"][changed[0]]["devices"][0]["jobs"] == []  # as it was then
     finally:
         backend.stop()
         loop.join(timeout=30)

@@ -7,6 +7,12 @@ shares a key with it has ended, so a job's actions keep their order, and a job i
 device only after the job that had the device has let it go; tasks that share nothing run at
 the same time, on a pool of threads.
 
+A task either blocks until it is done (the agent's calls: a suspend waits for the mini-batch
+boundary), holding its thread meanwhile, or returns at once with a ``Future`` that its node
+completes later (hollow nodes, and any node that answers asynchronously): its thread goes back
+to the pool, and the task ends when the future does. Decision: so a round of thousands of
+actions on nodes that answer asynchronously needs no thread per action under way.
+
 Decision: a task that does not end within its deadline is reported as failed (the loop
 handles that job), but its thread is not interrupted (a Python thread cannot be); the tasks
 after it on the same keys wait for it, as they must: their devices are not free until it ends.
@@ -17,14 +23,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 
 @dataclass(eq=False)
 class Task:
     what: object  # what the caller wants back when the task ends (e.g. the action)
-    run: Callable[[], None]
+    run: Callable[[], Future | None]
     keys: frozenset[Hashable]
     waits: int = 0  # earlier tasks on the same keys still unfinished
     then: list[Task] = field(default_factory=list)  # later tasks waiting for this one
@@ -46,7 +52,8 @@ class Courier:
         self._last: dict[Hashable, Task] = {}  # the latest task holding each key
         self._open = 0  # tasks sent and not ended
 
-    def send(self, what: object, run: Callable[[], None], keys: Iterable[Hashable]) -> Task:
+    def send(self, what: object, run: Callable[[], Future | None], keys: Iterable[Hashable]
+             ) -> Task:
         task = Task(what, run, frozenset(keys))
         with self._lock:
             self._open += 1
@@ -57,17 +64,24 @@ class Courier:
                 self._last[k] = task
             ready = task.waits == 0
         if ready:
-            self._pool.submit(self._run, task)
+            self._submit(task)
         return task
 
     def _run(self, task: Task) -> None:
         task.started = time.monotonic()
-        error: BaseException | None = None
         try:
-            task.run()
+            later = task.run()
         except BaseException as e:  # noqa: BLE001 - reported to the loop, never lost
-            error = e
-        seconds = time.monotonic() - task.started
+            self._end(task, e)
+            return
+        if isinstance(later, Future):  # the node answers later; the thread is free now
+            later.add_done_callback(lambda f: self._end(
+                task, CancelledError("the node closed first") if f.cancelled() else f.exception()))
+        else:
+            self._end(task, None)
+
+    def _end(self, task: Task, error: BaseException | None) -> None:
+        seconds = time.monotonic() - (task.started or task.sent)
         task.ended = True
         try:
             self._done(task, seconds, error)
@@ -85,7 +99,13 @@ class Courier:
                 if self._open == 0:
                     self._idle.notify_all()
             for after in ready:
-                self._pool.submit(self._run, after)
+                self._submit(after)
+
+    def _submit(self, task: Task) -> None:
+        try:
+            self._pool.submit(self._run, task)
+        except RuntimeError:  # closed: what is left is not carried out (the nodes close too)
+            pass
 
     def pending(self) -> int:
         """Tasks sent and not ended (waiting or running)."""

@@ -14,6 +14,10 @@ What each action costs, from our own measurements (``gandiva/data/models.json`` 
 - migrate, grow, shrink: a boundary wait, then ``migration_time`` of its checkpoint size;
 - start: ``START_S``, a process from the warm pool importing the job's framework.
 
+Every action answers asynchronously: it returns a ``Future`` that one timer thread completes
+after the action's latency (``courier``), so a thousand servers' round holds no thread per
+action under way, as a real node's agent would not.
+
 A job's command is ``hollow_launch(model, steps)``: what it trains and for how many steps of
 its loop. Its log is empty: there is no process to write one.
 """
@@ -26,6 +30,8 @@ import queue
 import random
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from gandiva.runtime.agent import AgentEvent, Launch
@@ -70,7 +76,9 @@ class HollowNodes:
         self.ended: set[str] = set()
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self._timers: list[tuple[float, int, str, str, int]] = []  # (at, seq, job, kind, ver)
+        # (at, seq, kind, what): a job's "done" or "profile" (what: (job, version)), or an
+        # action's "act" (what: (what it does, its future))
+        self._timers: list[tuple[float, int, str, object]] = []
         self._seq = itertools.count()
         self._wake = threading.Condition(self._lock)
         self._closed = False
@@ -112,60 +120,63 @@ class HollowNodes:
         return {d // self._per_server for d in devices}
 
     # ---- the Nodes interface ------------------------------------------------------------
-    def start(self, job_id: str, launch: Launch, devices: tuple[int, ...]) -> None:
+    def start(self, job_id: str, launch: Launch, devices: tuple[int, ...]) -> Future:
         if launch.command[:1] != [COMMAND] or len(launch.command) != 3:
             raise ValueError(f"job {job_id!r}: a hollow node runs only "
                              f"hollow_launch(model, steps), not {launch.command!r}")
         model, steps = launch.command[1], int(launch.command[2])
         self.perf.resolve(model)  # an unknown model fails the action, naming it
-        time.sleep(START_S)
-        with self._lock:
+
+        def started() -> None:
             old = self.jobs.get(job_id)
             job = _Job(job_id, model, steps, tuple(devices), done=old.done if old else 0.0)
             self.jobs[job_id] = job
             self.ended.discard(job_id)
             self._run(job)
+        return self._later(START_S, started)
 
-    def suspend(self, job_id: str) -> None:
+    def suspend(self, job_id: str) -> Future | None:
         job = self.jobs.get(job_id)
         if job is None:
-            return
-        time.sleep(self._boundary_wait(job)
-                   + self.perf.suspend_resume_time(self._checkpoint_mb(job)) / 2)
-        with self._lock:
-            self._pause(job)
+            return None
+        return self._later(self._boundary_wait(job)
+                           + self.perf.suspend_resume_time(self._checkpoint_mb(job)) / 2,
+                           lambda: self._pause(job))
 
-    def resume(self, job_id: str, devices: tuple[int, ...]) -> None:
+    def resume(self, job_id: str, devices: tuple[int, ...]) -> Future | None:
         job = self.jobs.get(job_id)
         if job is None:
-            return
-        time.sleep(self.perf.suspend_resume_time(self._checkpoint_mb(job)) / 2)
-        with self._lock:
+            return None
+
+        def resumed() -> None:
             job.devices = tuple(devices)
             self._run(job)
+        return self._later(self.perf.suspend_resume_time(self._checkpoint_mb(job)) / 2, resumed)
 
-    def restart(self, job_id: str, devices: tuple[int, ...]) -> None:
+    def restart(self, job_id: str, devices: tuple[int, ...]) -> Future | None:
         job = self.jobs.get(job_id)
         if job is None:
-            return
+            return None
         across = self._servers(devices) != self._servers(job.devices)
-        time.sleep(self._boundary_wait(job)
-                   + self.perf.migration_time(self._checkpoint_mb(job), across))
-        with self._lock:
+
+        def moved() -> None:
             self._pause(job)
             job.devices = tuple(devices)
             self._run(job)
+        return self._later(self._boundary_wait(job)
+                           + self.perf.migration_time(self._checkpoint_mb(job), across), moved)
 
-    def park(self, job_id: str) -> None:
+    def park(self, job_id: str) -> Future | None:
         job = self.jobs.get(job_id)
-        if job is not None:
-            time.sleep(self._boundary_wait(job))
-            self._forget(job)
+        if job is None:
+            return None
+        return self._later(self._boundary_wait(job), lambda: self._forget(job))
 
     def kill(self, job_id: str) -> None:
         job = self.jobs.get(job_id)
         if job is not None:
-            self._forget(job)
+            with self._lock:
+                self._forget(job)
 
     def read_log(self, job_id: str, rank: int = 0, offset: int = 0) -> bytes:
         return b""  # no process, no output
@@ -175,8 +186,21 @@ class HollowNodes:
             self._closed = True
             self._wake.notify()
         self._thread.join(timeout=5)
+        for _, _, kind, what in self._timers:  # actions never carried out: say so
+            if kind == "act":
+                what[1].cancel()
 
     # ---- progress (under the lock) ------------------------------------------------------
+    def _later(self, delay: float, then: Callable[[], None]) -> Future:
+        """Do ``then`` (under the lock) ``delay`` seconds from now; the future completes
+        after it, or with its error."""
+        done: Future = Future()
+        with self._lock:
+            heapq.heappush(self._timers, (time.monotonic() + delay, next(self._seq), "act",
+                                          (then, done)))
+            self._wake.notify()
+        return done
+
     def _run(self, job: _Job) -> None:
         job.since = time.monotonic()
         job.version += 1
@@ -191,21 +215,32 @@ class HollowNodes:
         job.version += 1
 
     def _forget(self, job: _Job) -> None:
-        with self._lock:
-            self._pause(job)
-            self.jobs.pop(job.id, None)
-            self.ended.add(job.id)
+        self._pause(job)
+        self.jobs.pop(job.id, None)
+        self.ended.add(job.id)
 
     def _timer(self, at: float, job: _Job, kind: str) -> None:
-        heapq.heappush(self._timers, (at, next(self._seq), job.id, kind, job.version))
+        heapq.heappush(self._timers, (at, next(self._seq), kind, (job.id, job.version)))
         self._wake.notify()
 
     def _run_timers(self) -> None:
-        with self._lock:
-            while not self._closed:
+        while True:
+            acted: list[tuple[Future, BaseException | None]] = []
+            with self._lock:
+                if self._closed:
+                    return
                 now = time.monotonic()
                 while self._timers and self._timers[0][0] <= now:
-                    _, _, job_id, kind, version = heapq.heappop(self._timers)
+                    _, _, kind, what = heapq.heappop(self._timers)
+                    if kind == "act":
+                        then, future = what
+                        try:
+                            then()
+                            acted.append((future, None))
+                        except Exception as e:  # noqa: BLE001 - the action's error
+                            acted.append((future, e))
+                        continue
+                    job_id, version = what
                     job = self.jobs.get(job_id)
                     if job is None or job.version != version or job.since is None:
                         continue
@@ -217,8 +252,13 @@ class HollowNodes:
                     else:
                         self._profile(job, int(step))
                         self._timer(now + PROFILE_EVERY_S, job, "profile")
-                wait = self._timers[0][0] - now if self._timers else None
-                self._wake.wait(wait)
+                if not acted:
+                    self._wake.wait(self._timers[0][0] - now if self._timers else None)
+            for future, error in acted:  # outside the lock: the courier goes on from here
+                if error is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(error)
 
     def _profile(self, job: _Job, step: int) -> None:
         prof = self.perf.profile(job.model)

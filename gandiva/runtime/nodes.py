@@ -5,8 +5,9 @@
 - ``ray_backend.RayNodes``: one agent per Ray node, many machines;
 - ``hollow.HollowNodes``: servers with no processes, for measuring the control plane at scale.
 
-Every action may block (a suspend waits for the job's next mini-batch boundary); the backend
-calls them off its loop, one job's actions in order (``courier``). What happens on its own (a
+Every action may block (a suspend waits for the job's next mini-batch boundary) until done, or
+return at once a ``Future`` that completes when it is done (hollow nodes); the backend calls
+them off its loop, one job's actions in order (``courier``). What happens on its own (a
 job's profile, its end, a node lost or joined) arrives on ``events``.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Collection
+from concurrent.futures import Future
 from typing import Protocol
 
 from gandiva.runtime.agent import AgentEvent, Launch
@@ -29,22 +31,22 @@ class Nodes(Protocol):
     def cluster(self) -> Cluster:
         """The cluster state these nodes make up (only where the backend did not detect it)."""
 
-    def start(self, job_id: str, launch: Launch, devices: tuple[int, ...]) -> None:
+    def start(self, job_id: str, launch: Launch, devices: tuple[int, ...]) -> Future | None:
         """Start the job (from its newest checkpoint, if any) on ``devices``."""
 
-    def suspend(self, job_id: str) -> None:
+    def suspend(self, job_id: str) -> Future | None:
         """Suspend at the next mini-batch boundary (device memory freed)."""
 
-    def resume(self, job_id: str, devices: tuple[int, ...]) -> None:
+    def resume(self, job_id: str, devices: tuple[int, ...]) -> Future | None:
         """Resume a suspended job on ``devices``."""
 
-    def restart(self, job_id: str, devices: tuple[int, ...]) -> None:
+    def restart(self, job_id: str, devices: tuple[int, ...]) -> Future | None:
         """Checkpoint at the next boundary and go on on ``devices`` (migrate, grow, shrink)."""
 
-    def park(self, job_id: str) -> None:
+    def park(self, job_id: str) -> Future | None:
         """Checkpoint at the next boundary and end the processes (hold, shutdown)."""
 
-    def kill(self, job_id: str) -> None:
+    def kill(self, job_id: str) -> Future | None:
         """End the processes now."""
 
     def read_log(self, job_id: str, rank: int = 0, offset: int = 0) -> bytes:

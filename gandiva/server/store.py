@@ -30,11 +30,13 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    bindparam,
     create_engine,
     event,
     insert,
     select,
     text,
+    update,
 )
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -43,6 +45,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from gandiva.server.jobspec import JobRequest
 
 TERMINAL = ("done", "failed", "cancelled")
+CHUNK = 500  # jobs read in one query when storing a batch (bound parameters stay few)
 TOKEN_RECHECK_S = 10.0  # a cached token is looked up again after this long
 
 
@@ -335,31 +338,57 @@ class Store:
     def record_many(self, changes: list[JobChange]) -> list[str]:
         """Store ``changes`` in one transaction (one commit for a whole time-slicing round);
         returns why each one that could not apply was left out (no such job, or a state
-        after the end), the rest stored."""
+        after the end), the rest stored.
+
+        In three statements per chunk of jobs, whatever their number: one read of the jobs'
+        rows, one UPDATE run for every changed job, one multi-row INSERT of the events.
+        (Through the ORM, a row at a time, a round of 3,000 changes took 1.2 s on SQLite
+        and 3.6 s on PostgreSQL: ``benchmarks/store_batch.py``.)"""
         now = time.time()
         refused: list[str] = []
-        with self._writer, Session(self.engine) as s, s.begin():
-            self._events_in_commit_order(s)
+        rows: dict[str, dict] = {}  # job -> its columns, as the changes leave them
+        changed: dict[str, None] = {}
+        events: list[dict] = []
+        cols = (JobRow.id, JobRow.state, JobRow.reason, JobRow.priority, JobRow.started_at,
+                JobRow.finished_at)
+        ids = list(dict.fromkeys(c.job_id for c in changes))
+        with self._writer, self.engine.begin() as conn:
+            self._events_in_commit_order(conn)
+            for i in range(0, len(ids), CHUNK):
+                for row in conn.execute(select(*cols).where(JobRow.id.in_(ids[i:i + CHUNK]))):
+                    rows[row.id] = row._asdict()
             for c in changes:
-                job = s.get(JobRow, c.job_id)
+                job = rows.get(c.job_id)
                 if job is None:
                     refused.append(f"no job {c.job_id!r}")
                     continue
                 if c.state is not None:
-                    if job.state in TERMINAL:
-                        refused.append(f"job {c.job_id!r} is {job.state}; it cannot become "
+                    if job["state"] in TERMINAL:
+                        refused.append(f"job {c.job_id!r} is {job['state']}; it cannot become "
                                        f"{c.state}")
                         continue
-                    job.state = c.state
-                    if c.state == "running" and job.started_at is None:
-                        job.started_at = now
+                    job["state"] = c.state
+                    if c.state == "running" and job["started_at"] is None:
+                        job["started_at"] = now
                     if c.state in TERMINAL:
-                        job.finished_at = now
+                        job["finished_at"] = now
                 if c.reason is not None:
-                    job.reason = c.reason
+                    job["reason"] = c.reason
                 if c.priority is not None:
-                    job.priority = c.priority
-                s.add(EventRow(job_id=c.job_id, at=now, kind=c.kind, data=c.data))
+                    job["priority"] = c.priority
+                if c.state is not None or c.reason is not None or c.priority is not None:
+                    changed[c.job_id] = None
+                events.append({"job_id": c.job_id, "at": now, "kind": c.kind, "data": c.data})
+            if changed:
+                conn.execute(
+                    update(JobRow).where(JobRow.id == bindparam("key")).values(
+                        state=bindparam("state"), reason=bindparam("reason"),
+                        priority=bindparam("priority"), started_at=bindparam("started_at"),
+                        finished_at=bindparam("finished_at")),
+                    [{**{k: v for k, v in rows[j].items() if k != "id"}, "key": j}
+                     for j in changed])
+            if events:
+                conn.execute(insert(EventRow), events)
         return refused
 
     def job(self, who: Principal, job_id: str) -> JobRow | None:
