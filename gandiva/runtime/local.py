@@ -93,7 +93,11 @@ LOOP_STALL_S = 120.0  # the loop waits for no node: silent this long, it is stuc
 # a healthy node ends any action within the agent's wait for a mini-batch boundary
 # (ACK_TIMEOUT_S), a process's stop and a start; longer, the action is reported overdue
 ACTION_DEADLINE_S = 2 * ACK_TIMEOUT_S + 30.0
-CLOSE_WAIT_S = 10.0  # at the end of a run, for actions still under way
+CLOSE_WAIT_S = 10.0
+# node events (confirmations, profiles, ends) handled in one step of the loop, their changes
+# stored in one transaction at its end: after a round of thousands of actions, a transaction
+# per confirmation was most of the loop's time (benchmarks/scale.py)
+AGENT_EVENTS_PER_STEP = 256  # at the end of a run, for actions still under way
 # actions carried out at once: each mostly waits on a job or a node, and actions that share
 # no device run at the same time, so up to one per device is useful; at least 32 (a small
 # machine's restarts), at most 512 threads. Decision: a thread per action under way, as the
@@ -415,8 +419,10 @@ class LocalBackend:
         if self._dirty:
             deadlines.append(self._snapshot_at + SNAPSHOT_EVERY_S)
         wait = max(0.0, min([0.5, *(d - self.now() for d in deadlines)]))
-        try:
+        try:  # what the nodes said, a batch at a time: its changes are stored together
             self._on_agent(self.agent.events.get(timeout=wait))
+            for _ in range(AGENT_EVENTS_PER_STEP - 1):
+                self._on_agent(self.agent.events.get_nowait())
         except queue.Empty:
             pass
         with self._lock:
@@ -550,7 +556,8 @@ class LocalBackend:
                 self._changed.add(event.job_id)
         try:
             self.scheduler.handle(event)
-            self._flush()
+            if self._outbox:  # else what changed is stored at the end of the step
+                self._flush()
         finally:
             sent, self._sent = self._sent, outer
         self.observer.decision(event, time.perf_counter() - t)
