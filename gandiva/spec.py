@@ -1,8 +1,32 @@
-"""What a job asks for: the immutable part of a job, as a trace or a user gives it."""
+"""What a job asks for (the immutable part of a job, as a trace or a user gives it), and the
+states a user sees it in."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    """A job's state as its user sees it: in the store, the API, the metrics and the CLI.
+    (The policy's own view, ``state.JobStatus``, knows no held, failed or cancelled: those
+    jobs are out of its hands.) A ``StrEnum``: each is equal to its name as a string, which is
+    how the API and the database spell it."""
+
+    QUEUED = "queued"  # waiting for devices (or for a first turn on a time-sliced server)
+    RUNNING = "running"
+    SUSPENDED = "suspended"  # waiting for its next turn, its state in host memory
+    HELD = "held"  # taken out of scheduling by its user, checkpointed, until released
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def ended(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({JobState.DONE, JobState.FAILED, JobState.CANCELLED})
 
 
 @dataclass(frozen=True, slots=True)

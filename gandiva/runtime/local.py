@@ -93,16 +93,16 @@ LOOP_STALL_S = 120.0  # the loop waits for no node: silent this long, it is stuc
 # a healthy node ends any action within the agent's wait for a mini-batch boundary
 # (ACK_TIMEOUT_S), a process's stop and a start; longer, the action is reported overdue
 ACTION_DEADLINE_S = 2 * ACK_TIMEOUT_S + 30.0
-CLOSE_WAIT_S = 10.0
+CLOSE_WAIT_S = 10.0  # at the end of a run, for actions still under way
 # node events (confirmations, profiles, ends) handled in one step of the loop, their changes
 # stored in one transaction at its end: after a round of thousands of actions, a transaction
 # per confirmation was most of the loop's time (benchmarks/scale.py)
-AGENT_EVENTS_PER_STEP = 256  # at the end of a run, for actions still under way
+AGENT_EVENTS_PER_STEP = 256
 # actions carried out at once: each mostly waits on a job or a node, and actions that share
 # no device run at the same time, so up to one per device is useful; at least 32 (a small
-# machine's restarts), at most 512 threads. Decision: a thread per action under way, as the
-# Nodes interface blocks; at 1,000 servers (benchmarks/scale.py) this is what bounds a
-# round: nodes that answer asynchronously would need no thread per action.
+# machine's restarts), at most 512 threads. An action that blocks (the agent's, Ray's) holds
+# a thread while under way; one answered with a Future (hollow nodes) holds none, so a round
+# of thousands of actions on 1,000 servers is not bounded by threads (benchmarks/scale.py).
 ACTION_WORKERS = (32, 512)
 
 

@@ -1,0 +1,129 @@
+"""The wire between a node's agent and a job's processes: every message, typed, in one place.
+
+One JSON object a line over the Unix socket the agent hands the job (``GANDIVA_CONTROL_FD``).
+The agent sends commands (``op``), obeyed at the job's next mini-batch boundary; the job sends
+reports (``ev``). Both sides encode and decode through this module only, so a field is
+spelled once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import ClassVar
+
+
+# ---- commands: agent -> job -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Suspend:
+    """Move the state to host memory and wait for what comes next (``Resume``, or a
+    ``Checkpoint`` that ends the job)."""
+
+    op: ClassVar[str] = "suspend"
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Go on, on ``device`` (e.g. ``cuda:1``, ``cpu``)."""
+
+    device: str
+    op: ClassVar[str] = "resume"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Save a checkpoint; with ``exit``, then stop (a move, a hold, a shutdown). ``periodic``:
+    the job's own timer asked, not the agent (no ``Checkpointed`` report)."""
+
+    exit: bool = False
+    periodic: bool = False
+    op: ClassVar[str] = "checkpoint"
+
+
+Command = Suspend | Resume | Checkpoint
+
+
+# ---- reports: job -> agent ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Hello:
+    """The job speaks this protocol (it imported the job library)."""
+
+    pid: int
+    rank: int
+    ev: ClassVar[str] = "hello"
+
+
+@dataclass(frozen=True)
+class Started:
+    step: int
+    restored: str | None  # the checkpoint it restored from, if any
+    ev: ClassVar[str] = "started"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the last window of mini-batches measured, and the job's latest metrics."""
+
+    step: int
+    mini_batch_time: float  # seconds per step of the job's loop
+    memory_gb: float
+    utilization: float
+    samples_per_s: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+    ev: ClassVar[str] = "profile"
+
+
+@dataclass(frozen=True)
+class Suspended:
+    step: int
+    seconds: float  # moving the state to host memory took
+    ev: ClassVar[str] = "suspended"
+
+
+@dataclass(frozen=True)
+class Resumed:
+    step: int
+    device: str
+    seconds: float
+    ev: ClassVar[str] = "resumed"
+
+
+@dataclass(frozen=True)
+class Checkpointed:
+    step: int
+    path: str | None
+    ev: ClassVar[str] = "checkpointed"
+
+
+@dataclass(frozen=True)
+class Done:
+    step: int
+    ev: ClassVar[str] = "done"
+
+
+Report = Hello | Started | Profile | Suspended | Resumed | Checkpointed | Done
+
+COMMANDS = {c.op: c for c in (Suspend, Resume, Checkpoint)}
+REPORTS = {r.ev: r for r in (Hello, Started, Profile, Suspended, Resumed, Checkpointed, Done)}
+
+
+def encode(message: Command | Report) -> bytes:
+    tag = ("op", message.op) if isinstance(message, Command) else ("ev", message.ev)
+    return (json.dumps({tag[0]: tag[1], **asdict(message)}) + "\n").encode()
+
+
+def _decode(line: bytes | str, key: str, kinds: dict[str, type]):
+    data = json.loads(line)
+    kind = kinds.get(data.pop(key, None))
+    if kind is None:
+        raise ValueError(f"not a gandiva {key!r} message: {line!r}")
+    known = {f.name for f in fields(kind)}
+    return kind(**{k: v for k, v in data.items() if k in known})  # newer fields: ignored
+
+
+def command(line: bytes | str) -> Command:
+    return _decode(line, "op", COMMANDS)
+
+
+def report(line: bytes | str) -> Report:
+    return _decode(line, "ev", REPORTS)
