@@ -37,7 +37,7 @@ from rich.table import Table
 def worker(boundaries: int, device: str, work_ms: float) -> None:
     import torch
 
-    import gandiva.runtime.job as gj
+    import gandiva.job as gj
 
     ours, theirs = socket.socketpair()  # the agent's end stays open and unread
     env = {**os.environ, "GANDIVA_CONTROL_FD": str(theirs.fileno()), "GANDIVA_DEVICE": device,

@@ -22,7 +22,7 @@ py=python3
 ep=/tmp/gandiva-ep/gandiva-0.0.dist-info
 mkdir -p "$ep"
 printf 'Metadata-Version: 2.1\nName: gandiva\nVersion: 0.0\n' > "$ep/METADATA"
-printf '[lightning.pytorch.callbacks_factory]\ngandiva = gandiva.runtime.integrations.lightning:callbacks\n' \
+printf '[lightning.pytorch.callbacks_factory]\ngandiva = gandiva.job.integrations.lightning:callbacks\n' \
   > "$ep/entry_points.txt"
 export PYTHONPATH="$PWD:/tmp/gandiva-ep${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"

@@ -28,7 +28,7 @@ def smi_used_mb() -> float:
 
 
 def memory(mb: float) -> None:
-    from gandiva.runtime.job import Job
+    from gandiva.job import Job
 
     job = Job({"GANDIVA_DEVICE": "cuda:0"})
     n = int((mb * 2**20 / 4 / 3) ** 0.5)  # weights + Adam's two moments: about ``mb``
@@ -62,7 +62,7 @@ def memory(mb: float) -> None:
 
 
 def nccl() -> None:
-    from gandiva.runtime.agent import Agent, Launch
+    from gandiva.node.agent import Agent, Launch
 
     with tempfile.TemporaryDirectory() as tmp:
         agent = Agent(Path(tmp) / "agent", ["cuda:0"], checkpoint_every_s=1e9)
@@ -106,13 +106,13 @@ def wait(agent, job: str, kind: str, timeout: float = 300.0) -> list:
 
 def frameworks() -> None:
     from gandiva import actions as A
+    from gandiva.backends.driver import Driver
+    from gandiva.node.agent import Launch
     from gandiva.policies import make_policy
-    from gandiva.runtime.agent import Launch
-    from gandiva.runtime.local import LocalBackend
     from gandiva.spec import JobSpec
 
     with tempfile.TemporaryDirectory() as tmp:
-        backend = LocalBackend(make_policy("gandiva:quantum=5:-pack"), Path(tmp), slots=None,
+        backend = Driver(make_policy("gandiva:quantum=5:-pack"), Path(tmp), slots=None,
                                checkpoint_every_s=30.0, feedback_steps=10)
         jobs = {f"lightning{i}": ["{python}", str(EXAMPLES / "lightning_mlp.py"), "--epochs",
                                   "4", "--batches", "400", "--width", "2048", "--seed", str(i)]

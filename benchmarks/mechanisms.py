@@ -30,8 +30,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from gandiva.runtime import checkpoint
-from gandiva.runtime.agent import Agent, Launch
+from gandiva.job import checkpoint
+from gandiva.node.agent import Agent, Launch
 
 JOB = Path(__file__).resolve().parent / "jobs" / "state_job.py"
 FIG13 = {8: 0.22, 98: 0.43, 528: 1.15, 1405: 2.45}  # MB -> s, intra-server (paper Fig 13)
@@ -67,7 +67,7 @@ def rate(agent: Agent, job: str, seconds: float) -> float:
         except Exception:
             continue
         if ev.job_id == job and ev.kind == "profile":
-            steps.append((ev.time, ev.data["step"]))
+            steps.append((ev.time, ev.data.step))
     if len(steps) < 2:
         raise RuntimeError(f"{job}: too few profile reports to measure a rate")
     (t0, s0), (t1, s1) = steps[0], steps[-1]
@@ -149,14 +149,14 @@ def slicing(agent: Agent, quanta: list[float]) -> list[dict]:
         ran = lost = 0.0
         for _ in range(cycles):
             agent.suspend(job)
-            before = agent.jobs[job].replies["suspended:0"]["step"]
+            before = agent.jobs[job].replies["suspended:0"].step
             time.sleep(min(q, 2.0))  # the other job's turn (its length does not matter here)
             t0 = time.perf_counter()
             agent.resume(job, (0,))
             time.sleep(q)
             agent.suspend(job)
             wall = time.perf_counter() - t0
-            done = agent.jobs[job].replies["suspended:0"]["step"] - before
+            done = agent.jobs[job].replies["suspended:0"].step - before
             ran += wall
             lost += alone * wall - done
             agent.resume(job, (0,))
@@ -198,7 +198,7 @@ def rate_pair(agent: Agent, seconds: float) -> dict[str, float]:
         except Exception:
             continue
         if ev.kind == "profile" and ev.job_id in seen:
-            seen[ev.job_id].append((ev.time, ev.data["step"]))
+            seen[ev.job_id].append((ev.time, ev.data.step))
     return {j: (s[-1][1] - s[0][1]) / (s[-1][0] - s[0][0]) for j, s in seen.items()}
 
 

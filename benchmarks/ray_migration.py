@@ -36,13 +36,14 @@ from rich.table import Table  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mechanisms import launch, save_load_time  # noqa: E402
 
-from gandiva.runtime.ray_backend import RayNodes  # noqa: E402
+from gandiva.backends.ray import RayNodes  # noqa: E402
+from gandiva.job import wire  # noqa: E402
 
 # Fig 13, across servers (the issue quotes its ends): MB -> s
 FIG13_ACROSS = {8: 0.24, 1405: 3.6}
 
 
-def wait_started(nodes: RayNodes, job: str, timeout: float = 600.0) -> dict:
+def wait_started(nodes: RayNodes, job: str, timeout: float = 600.0) -> wire.Started:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ev = nodes.events.get(timeout=deadline - time.monotonic())
@@ -61,7 +62,7 @@ def timed_restart(nodes: RayNodes, job: str, device: int) -> float:
         time.sleep(0.1)
     t0 = time.perf_counter()
     nodes.restart(job, (device,))
-    restored = wait_started(nodes, job)["restored"]
+    restored = wait_started(nodes, job).restored
     assert restored is not None, "it did not restore its checkpoint"
     return time.perf_counter() - t0
 

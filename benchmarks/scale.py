@@ -1,7 +1,7 @@
 """The control plane at a thousand servers: a real `gandiva server` on hollow nodes.
 
 For each cluster size (``--servers``, 8 GPUs each) and database (``--db``), a real server
-starts with ``--backend hollow`` (``gandiva/runtime/hollow.py``: no processes; every action
+starts with ``--backend hollow`` (``gandiva/backends/hollow.py``: no processes; every action
 answers after the latency our measurements give it, jobs run at the performance model's
 speed) and the gandiva policy with the paper's 60 s quantum. Load generators in a process of
 their own submit ``--jobs`` jobs drawn (seeded) from the Philly trace (its widths, durations and

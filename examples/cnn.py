@@ -12,7 +12,7 @@ import argparse
 import torch
 from torch import nn
 
-import gandiva.runtime.job as gj
+import gandiva.job as gj
 
 CLASSES, SIDE = 10, 16
 

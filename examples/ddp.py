@@ -4,7 +4,7 @@ job library (``job.steps``), which adopts the script's group instead of making a
 
     torchrun --nproc-per-node=2 examples/ddp.py --steps 300     # alone, with torchrun
     # as a gandiva job spec: command: torchrun --nproc-per-node=2 ddp.py ...  gpus: 2
-    # (gandiva is the launcher: it starts the two ranks itself, see gandiva/runtime/torchrun.py)
+    # (gandiva is the launcher: it starts the two ranks itself, see gandiva/node/torchrun.py)
 
 Each rank draws its own half of batch ``step`` from a generator seeded with (seed, step,
 rank): the data position is the step, so a time-sliced, moved or restarted run sees the
@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-import gandiva.runtime.job as gj
+import gandiva.job as gj
 
 IN, OUT = 20, 4
 

@@ -13,7 +13,7 @@ import argparse
 import torch
 from torch import nn
 
-import gandiva.runtime.job as gj
+import gandiva.job as gj
 
 IN, HIDDEN, OUT = 32, 64, 8
 

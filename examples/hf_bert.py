@@ -15,7 +15,7 @@ import tempfile
 import torch
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
-from gandiva.runtime.integrations import hf
+from gandiva.job.integrations import hf
 
 VOCAB, LENGTH = 32, 16
 

@@ -11,9 +11,9 @@ import argparse
 import itertools
 from pathlib import Path
 
+from gandiva.backends.driver import Driver
+from gandiva.node.agent import Launch
 from gandiva.policies import make_policy
-from gandiva.runtime.agent import Launch
-from gandiva.runtime.local import LocalBackend
 from gandiva.spec import JobSpec
 
 
@@ -26,7 +26,7 @@ def main() -> None:
     args = ap.parse_args()
 
     script = Path(__file__).with_name("lstm_lm.py")
-    backend = LocalBackend(make_policy(args.policy), Path(args.out),
+    backend = Driver(make_policy(args.policy), Path(args.out),
                            feedback_steps=args.steps // 10)
     grid = itertools.islice(itertools.product((0.003, 0.01, 0.03), (32, 64, 128)), args.trials)
     for i, (lr, hidden) in enumerate(grid):

@@ -14,7 +14,7 @@ import io
 import torch
 from torch import nn
 
-import gandiva.runtime.job as gj
+import gandiva.job as gj
 
 with contextlib.redirect_stdout(io.StringIO()):  # importing it prints the Zen
     import this

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -199,9 +200,9 @@ def demo(
     = None,
 ) -> None:
     """Run a hyper-parameter search of real PyTorch jobs on this machine, once per policy."""
+    from gandiva.demo import DemoConfig, examples_dir, policy_spec, run_demo
     from gandiva.policies import make_policy
     from gandiva.report import plot_timeline
-    from gandiva.runtime.demo import DemoConfig, examples_dir, policy_spec, run_demo
 
     cfg = DemoConfig(jobs=jobs, slots=slots, steps=steps, quantum=quantum,
                      policies=tuple(p.strip() for p in policy.split(",") if p.strip()),
@@ -227,7 +228,7 @@ def demo(
     table.add_column("metric")
     for spec in results:
         table.add_column(spec, justify="right")
-    rows = [("jobs done", "done", "{:.0f}"), ("jobs failed", "failed", "{:.0f}"),
+    rows = [("jobs done", "finished", "{:.0f}"), ("jobs failed", "failed", "{:.0f}"),
             ("mean time to first feedback", "mean_first_feedback_s", "{:.1f} s"),
             ("worst time to first feedback", "max_first_feedback_s", "{:.1f} s"),
             ("mean JCT", "mean_jct_s", "{:.1f} s"), ("makespan", "makespan_s", "{:.1f} s"),
@@ -238,8 +239,8 @@ def demo(
         if key is None:
             table.add_row(label, *(f"{s['packs']} / {s['unpacks']}" for _, s in results.values()))
             continue
-        table.add_row(label, *("-" if s[key] is None else form.format(s[key])
-                               for _, s in results.values()))
+        table.add_row(label, *("-" if s[key] is None or s[key] != s[key]  # None or NaN
+                               else form.format(s[key]) for _, s in results.values()))
     console.print(table)
     for i, (spec, (res, _)) in enumerate(results.items()):
         png = out / f"timeline_{i}_{spec.split(':')[0]}.png"
@@ -262,6 +263,7 @@ DEFAULT_HOME = Path("gandiva-home")  # the server's work directory: database, jo
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+SWITCH_INTERVAL_S = 0.001  # the server's GIL switch interval (see server())
 GRACE_S = 5  # on SIGTERM, how long open requests and streams get before the drain starts
 
 
@@ -346,8 +348,8 @@ def server(
 
     import uvicorn
 
+    from gandiva.backends.driver import Driver
     from gandiva.policies import make_policy
-    from gandiva.runtime.local import LocalBackend
     from gandiva.server.app import Service, create_app
     from gandiva.server.store import Store
 
@@ -366,14 +368,14 @@ def server(
         raise fail(f"--backend {backend!r}: use local, ray or hollow")
     nodes = None
     if backend == "hollow":
-        from gandiva.runtime.hollow import HollowNodes
+        from gandiva.backends.hollow import HollowNodes
         try:
             nodes = HollowNodes.parse(hollow_cluster)
         except ValueError as e:
             raise fail(f"--hollow-cluster {hollow_cluster!r}: {e}") from None
     if backend == "ray":
         try:
-            from gandiva.runtime.ray_backend import RayNodes
+            from gandiva.backends.ray import RayNodes
         except ImportError:
             raise fail("the ray backend needs Ray: pip install 'gandiva[ray]'") from None
         try:
@@ -381,7 +383,7 @@ def server(
                              checkpoint_every_s=checkpoint_every)
         except (RuntimeError, ConnectionError) as e:
             raise fail(f"ray: {e}") from None
-    loop_backend = LocalBackend(pol, home / "run", slots=slots,
+    loop_backend = Driver(pol, home / "run", slots=slots,
                                 checkpoint_every_s=checkpoint_every, nodes=nodes)
     service = Service(store, loop_backend, home,
                       max_unfinished_per_user=max_unfinished_per_user)
@@ -400,6 +402,11 @@ def server(
     # found: this one, so that the process lives on to drain its jobs below
     for stop in (signal.SIGTERM, signal.SIGINT):
         signal.signal(stop, lambda signum, frame: log.info("stopping on signal %d", signum))
+    # an API thread reading rows releases the GIL at every row and waits to get it back from
+    # the scheduler's loop, busy in a round, for up to the switch interval each time: at the
+    # default 5 ms a page of 50 jobs waited ~300 ms (benchmarks/scale.py); at 1 ms it waits
+    # a fifth of that, for a little more switching in the loop
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         # open streams (logs -f, the event stream) get GRACE_S to end, then are cut: they
         # must not hold the drain back

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from gandiva.client import Client, ClientError, Settings
 from gandiva.server.jobspec import SpecError, parse
+from gandiva.spec import TERMINAL, JobState
 
 console = Console()
 err = Console(stderr=True)
@@ -28,8 +29,9 @@ JobId = Annotated[str, typer.Argument(help="The job's id (as `gandiva jobs` list
 Json = Annotated[bool, typer.Option("--json", help="Print JSON (for scripts), not a table")]
 Labels = Annotated[list[str] | None, typer.Option(
     "--label", "-l", help="key=value: only jobs with this label (repeat for several)")]
-STATE_STYLE = {"running": "green", "suspended": "yellow", "held": "magenta", "queued": "cyan",
-               "done": "dim", "failed": "red", "cancelled": "dim"}
+STATE_STYLE = {JobState.RUNNING: "green", JobState.SUSPENDED: "yellow",
+               JobState.HELD: "magenta", JobState.QUEUED: "cyan", JobState.DONE: "dim",
+               JobState.FAILED: "red", JobState.CANCELLED: "dim"}
 
 
 def _client(url: str | None, token: str | None) -> Client:
@@ -196,7 +198,7 @@ def register(app: typer.Typer, user_app: typer.Typer) -> None:
             if label:  # every unfinished job of yours with these labels
                 me = None if all_users else run(client.whoami)["name"]
                 ids += [j["id"] for j in run(lambda: client.jobs(None, _labels(label), user=me))
-                        if j["state"] not in ("done", "failed", "cancelled")]
+                        if j["state"] not in TERMINAL]
             if not job_ids and not label:
                 raise _fail(f"name the jobs to {name}: ids, or --label key=value")
             failed = 0

@@ -9,25 +9,10 @@ otherwise proportionally slower, so T_alone = solo time x max(1, N x gpus / G).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
+from gandiva.run import mean, outcome
 from gandiva.sim.engine import SimResult
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), ``q`` in [0, 100]."""
-    if not values:
-        return math.nan
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
 
 
 def ftf_rho(result: SimResult) -> list[float]:
@@ -74,36 +59,22 @@ def by_width(result: SimResult) -> dict[str, dict[str, float]]:
 
 
 def summarize(result: SimResult) -> dict[str, Any]:
-    """The numbers ``gandiva simulate`` prints and writes to ``--json``."""
+    """The numbers ``gandiva simulate`` prints and writes to ``--json``: every run's
+    (``run.outcome``), and what only the simulator knows (utilisation as areas, the time each
+    job would have taken alone, finish-time fairness)."""
     done = [r for r in result.jobs if r.finish is not None]
-    jct = [r.finish - r.spec.submit_time for r in done]  # type: ignore[operator]
     start, end = result.span
-    makespan = max(end - start, 0.0)
-    capacity = result.cluster_gpus * makespan
+    capacity = result.cluster_gpus * max(end - start, 0.0)
     useful = sum(r.solo_time * r.spec.num_gpus for r in done)
     # what nvidia-smi would average: the useful GPU time weighted by each model's utilisation
     busy = sum(r.solo_time * r.spec.num_gpus * r.utilization for r in done)
-    queue = [r.start - r.spec.submit_time for r in result.jobs if r.start is not None]
-    feedback = [r.first_feedback - r.spec.submit_time for r in done
-                if r.first_feedback is not None]
     rhos = ftf_rho(result)
     return {
-        "mean_jct_s": _mean(jct),
-        "p50_jct_s": percentile(jct, 50),
-        "p95_jct_s": percentile(jct, 95),
-        "p99_jct_s": percentile(jct, 99),
-        "makespan_s": makespan,
+        **outcome(result),
         "utilization": result.allocated_gpu_seconds / capacity if capacity else 0.0,
         "useful_utilization": useful / capacity if capacity else 0.0,
         "sm_utilization": busy / capacity if capacity else 0.0,
-        "mean_queue_s": _mean(queue),
-        "mean_first_feedback_s": _mean(feedback),
-        "suspends": result.counts["suspends"] + result.counts["unpacks"],
-        "migrations": result.counts["migrations"],
-        "packs": result.counts["packs"],
         "max_ftf_rho": max(rhos, default=math.nan),
-        "mean_ftf_rho": _mean(rhos),
-        "jobs": len(result.jobs),
-        "finished": len(done),
+        "mean_ftf_rho": mean(rhos),
         "by_width": by_width(result),
     }

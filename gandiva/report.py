@@ -12,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from gandiva.run import RunResult  # noqa: E402
 from gandiva.sim.engine import SimResult  # noqa: E402
 
 COLUMNS = (
@@ -93,7 +94,7 @@ def plot_series(results: dict[str, SimResult], path: Path, points: int) -> None:
     plt.close(fig)
 
 
-def plot_timeline(name: str, res: SimResult, path: Path, device: str = "GPU",
+def plot_timeline(name: str, res: RunResult, path: Path, device: str = "GPU",
                   unit: float = 60.0) -> None:
     """One row per GPU, one coloured bar per job segment; hatched where the GPU is shared.
     ``unit``: seconds per unit of the time axis (60: minutes, 1: seconds)."""

@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("torch")
 from fastapi.testclient import TestClient  # noqa: E402
 
+from gandiva.backends.driver import Driver  # noqa: E402
 from gandiva.policies import make_policy  # noqa: E402
-from gandiva.runtime.local import LocalBackend  # noqa: E402
 from gandiva.server.app import Service, create_app  # noqa: E402
 from gandiva.server.store import Store  # noqa: E402
 
@@ -22,7 +22,7 @@ CNN = str(Path(__file__).resolve().parents[1] / "examples" / "cnn.py")
 @pytest.fixture(params=["gandiva:quantum=1"])
 def server(tmp_path, request):
     store = Store(str(tmp_path / "gandiva.db"))
-    backend = LocalBackend(make_policy(request.param), tmp_path / "work", slots=2,
+    backend = Driver(make_policy(request.param), tmp_path / "work", slots=2,
                            feedback_steps=20)
     service = Service(store, backend, tmp_path / "base")
     loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})

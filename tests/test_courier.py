@@ -7,7 +7,7 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future
 
-from gandiva.runtime.courier import Courier
+from gandiva.backends.courier import Courier
 
 
 def test_tasks_on_a_shared_key_keep_their_order_and_others_run_meanwhile():

@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import checks
 
+from gandiva.backends import driver as local
+from gandiva.node.agent import Agent
 from gandiva.policies import make_policy
-from gandiva.runtime import local
-from gandiva.runtime.agent import Agent
 from gandiva.server import app as app_module
 from gandiva.server.app import Service, create_app
 from gandiva.server.store import Principal, Store
@@ -74,7 +74,7 @@ class World:
 
 def build_world(tmp: Path, db_url: str, fuzzer: str, db: str) -> World:
     store = Store(db_url)
-    backend = local.LocalBackend(make_policy("gandiva"), tmp / "work", slots=2)
+    backend = local.Driver(make_policy("gandiva"), tmp / "work", slots=2)
     service = Service(store, backend, tmp / "base")
     tokens = {name: store.add_user(name, admin=(name == "root")) for name in USERS}
     world = World(service, TestClient(create_app(service), raise_server_exceptions=False),
@@ -353,7 +353,7 @@ def test_after_fuzzing_the_store_is_consistent_and_a_restart_takes_every_job_up(
     assert {j["id"] for j in listed} == {j.id for j in jobs if fuzzer.admin
                                          or j.user_id == fuzzer.id}
     assert not world.service.backend.agent.jobs  # no process was ever started
-    backend = local.LocalBackend(make_policy("gandiva"), world.service.base_dir.parent / "w2",
+    backend = local.Driver(make_policy("gandiva"), world.service.base_dir.parent / "w2",
                                  slots=2)
     try:
         unfinished = [j for j in jobs if j.state not in ("done", "failed", "cancelled")]

@@ -25,7 +25,7 @@ def run(cluster: str, policy: str, *jobs: JobSpec, **config):
 
 
 def acts(result, kind, job_id=None):
-    return [(t, a) for t, a in result.actions
+    return [(t, a) for t, a, _ in result.actions
             if isinstance(a, kind) and (job_id is None or a.job_id == job_id)]
 
 

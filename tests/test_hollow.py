@@ -5,9 +5,9 @@ import time
 
 import pytest
 
+from gandiva.backends.driver import Driver
+from gandiva.backends.hollow import START_S, HollowNodes, hollow_launch
 from gandiva.policies import make_policy
-from gandiva.runtime.hollow import START_S, HollowNodes, hollow_launch
-from gandiva.runtime.local import LocalBackend
 from gandiva.spec import JobSpec
 
 MODEL = "lstm"  # ~78 steps/s on one V100 in the performance model
@@ -19,7 +19,7 @@ def steps_for(nodes: HollowNodes, seconds: float) -> int:
 
 def test_hollow_nodes_run_more_jobs_than_gpus_to_the_end_taking_turns(tmp_path):
     nodes = HollowNodes(servers=2, gpus=2, seed=1)
-    backend = LocalBackend(make_policy("gandiva:quantum=1:-pack"), tmp_path, nodes=nodes,
+    backend = Driver(make_policy("gandiva:quantum=1:-pack"), tmp_path, nodes=nodes,
                            feedback_steps=10)
     settled: list[tuple[str, int, float]] = []
     backend.observer.settled = lambda ev, n, s: settled.append((type(ev).__name__, n, s))
@@ -45,7 +45,7 @@ def test_hollow_nodes_run_more_jobs_than_gpus_to_the_end_taking_turns(tmp_path):
 
 def test_a_job_of_an_unknown_model_fails_naming_it_and_the_rest_run(tmp_path):
     nodes = HollowNodes(servers=1, gpus=2)
-    backend = LocalBackend(make_policy("fifo"), tmp_path, nodes=nodes)
+    backend = Driver(make_policy("fifo"), tmp_path, nodes=nodes)
     backend.submit(JobSpec("bad", 0.0, 1, MODEL), hollow_launch("no-such-net", 10))
     backend.submit(JobSpec("good", 0.0, 1, MODEL), hollow_launch(MODEL, 10))
     result = backend.run(timeout=60)
@@ -89,7 +89,7 @@ class StalledServer(HollowNodes):
 @pytest.mark.timeout(120)
 def test_a_node_that_stalls_every_action_holds_up_neither_the_loop_nor_other_servers(tmp_path):
     nodes = StalledServer(servers=3, gpus=2, seed=2)
-    backend = LocalBackend(make_policy("gandiva:quantum=1:-pack"), tmp_path, nodes=nodes,
+    backend = Driver(make_policy("gandiva:quantum=1:-pack"), tmp_path, nodes=nodes,
                            feedback_steps=10)
     work = steps_for(nodes, 1.0)
     loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
@@ -126,10 +126,10 @@ def test_a_node_that_stalls_every_action_holds_up_neither_the_loop_nor_other_ser
 
 
 def test_the_cluster_view_shows_the_head_of_a_long_queue_and_its_length(tmp_path):
-    from gandiva.runtime.local import QUEUE_SHOWN
+    from gandiva.backends.explain import QUEUE_SHOWN
 
     nodes = HollowNodes(servers=1, gpus=1)
-    backend = LocalBackend(make_policy("fifo"), tmp_path, nodes=nodes)
+    backend = Driver(make_policy("fifo"), tmp_path, nodes=nodes)
     count = QUEUE_SHOWN + 50
     for i in range(count):
         backend.submit(JobSpec(f"j{i:03d}", 0.0, 1, MODEL), hollow_launch(MODEL, 10**9))
@@ -150,7 +150,7 @@ def test_the_cluster_view_shows_the_head_of_a_long_queue_and_its_length(tmp_path
 
 def test_the_cluster_view_is_rebuilt_only_where_devices_changed(tmp_path):
     nodes = HollowNodes(servers=3, gpus=2)
-    backend = LocalBackend(make_policy("fifo"), tmp_path, nodes=nodes)
+    backend = Driver(make_policy("fifo"), tmp_path, nodes=nodes)
     loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
     loop.start()
 

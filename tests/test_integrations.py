@@ -19,8 +19,8 @@ torch = pytest.importorskip("torch")
 
 from test_runtime import EXAMPLES, assert_identical, flatten, started, wait_for  # noqa: E402
 
-from gandiva.runtime import checkpoint  # noqa: E402
-from gandiva.runtime.agent import Agent, Launch  # noqa: E402
+from gandiva.job import checkpoint  # noqa: E402
+from gandiva.node.agent import Agent, Launch  # noqa: E402
 
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
@@ -64,11 +64,11 @@ def run_under_gandiva(tmp: Path, launches: dict[str, Launch], crash: str, spec_m
     periodic checkpoints; kill job ``crash``'s process once it has checkpointed before its
     ``last_step``, so it restarts from that checkpoint with work left. The backend's result."""
     from gandiva import actions as A
+    from gandiva.backends.driver import Driver
     from gandiva.policies import make_policy
-    from gandiva.runtime.local import LocalBackend
     from gandiva.spec import JobSpec
 
-    backend = LocalBackend(make_policy("gandiva:quantum=1:-pack"), tmp / "run", slots=2,
+    backend = Driver(make_policy("gandiva:quantum=1:-pack"), tmp / "run", slots=2,
                            checkpoint_every_s=0.5, feedback_steps=10)
     for jid, launch in launches.items():
         backend.submit(JobSpec(jid, 0.0, 1, spec_model), launch)
@@ -109,7 +109,7 @@ def test_torchrun_ddp_script_runs_as_one_gang_time_sliced_and_ends_bit_identical
     agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=1e9)
     try:
         agent.start("d", Launch(["torchrun", "--nproc-per-node=2", script, *args]), (0, 1))
-        assert started(agent, "d")["restored"] is None
+        assert started(agent, "d").restored is None
         assert len(agent.jobs["d"].ranks) == 2  # one process per rank, not torchrun's 2 x 2
         for devices in ((1, 0), (0, 1), (1, 0)):
             time.sleep(0.3)
@@ -117,7 +117,7 @@ def test_torchrun_ddp_script_runs_as_one_gang_time_sliced_and_ends_bit_identical
             assert agent.jobs["d"].suspended and not agent.jobs["d"].signalled
             agent.resume("d", devices)
         agent.restart("d", (0, 1))  # checkpoint, stop, start again: a move's path
-        assert started(agent, "d")["restored"] > 0
+        assert started(agent, "d").restored > 0
         wait_for(agent, "done", "d")
         assert_identical(checkpoint.latest(agent.checkpoint_dir("d"))[1], ref)
         log = (agent.job_dir("d") / "rank0.log").read_text()
@@ -159,7 +159,7 @@ def test_ranks_get_torchruns_whole_environment_and_meet_at_the_agents_store(tmp_
 
 
 def test_torchrun_commands_are_unwrapped_and_a_conflicting_width_is_refused():
-    from gandiva.runtime import torchrun
+    from gandiva.node import torchrun
     from gandiva.server.jobspec import SpecError, parse
 
     assert torchrun.unwrap(["torchrun", "--standalone", "--nproc-per-node=4", "t.py", "--lr",

@@ -15,8 +15,8 @@ from serving import free_port
 pytest.importorskip("torch")
 from fastapi.testclient import TestClient  # noqa: E402
 
+from gandiva.backends.driver import Driver  # noqa: E402
 from gandiva.policies import make_policy  # noqa: E402
-from gandiva.runtime.local import LocalBackend  # noqa: E402
 from gandiva.server.app import Service, create_app  # noqa: E402
 from gandiva.server.jobspec import MAX_ENV, SpecError, duration_s, parse  # noqa: E402
 from gandiva.server.store import Store  # noqa: E402
@@ -29,7 +29,7 @@ BODY_LIMIT = 64 * 1024
 def api(tmp_path):
     store = Store(str(tmp_path / "gandiva.db"))
     # every device held by a job that never ends: what the tests submit stays queued
-    backend = LocalBackend(make_policy("fifo"), tmp_path / "work", slots=1)
+    backend = Driver(make_policy("fifo"), tmp_path / "work", slots=1)
     service = Service(store, backend, tmp_path / "base", max_unfinished_per_user=30)
     loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
     loop.start()

@@ -19,11 +19,11 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from test_runtime import EXAMPLES, assert_identical, reference  # noqa: E402
 
 from gandiva import actions as A  # noqa: E402
+from gandiva.backends.driver import Driver  # noqa: E402
+from gandiva.backends.ray import RayNodes  # noqa: E402
+from gandiva.job import checkpoint  # noqa: E402
+from gandiva.node.agent import Launch  # noqa: E402
 from gandiva.policies import make_policy  # noqa: E402
-from gandiva.runtime import checkpoint  # noqa: E402
-from gandiva.runtime.agent import Launch  # noqa: E402
-from gandiva.runtime.local import LocalBackend  # noqa: E402
-from gandiva.runtime.ray_backend import RayNodes  # noqa: E402
 from gandiva.spec import JobSpec  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
@@ -66,7 +66,7 @@ def wait(condition, timeout: float = 120.0, what: str = "") -> None:
 def test_agents_claim_every_gpu_and_placement_follows_the_policy(nodes):
     assert len(nodes.devices) == 6 and len({i["node_id"] for i in nodes.infos}) == 3
     assert ray.available_resources().get("GPU", 0) == 0  # claimed: Ray hands out none
-    backend = LocalBackend(make_policy("fifo"), nodes.workdir, nodes=nodes, feedback_steps=20)
+    backend = Driver(make_policy("fifo"), nodes.workdir, nodes=nodes, feedback_steps=20)
     for i in range(3):  # fifo keeps each gang on one server: one per node
         backend.submit(JobSpec(f"g{i}", 0.0, 2, "unknown"),
                        Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), "--steps", "100"]))
@@ -103,7 +103,7 @@ def test_a_gang_over_two_nodes_trains_and_is_time_sliced(nodes, tmp_path):
     across them), and they take turns; both end bit-identical to an uninterrupted run."""
     args = ("--steps", "800", "--seed", "3")  # about 12 s each: several turns of 3 s
     ref = reference(tmp_path, "elastic_mlp.py", *args)
-    backend = LocalBackend(make_policy("gandiva:quantum=3:-elastic:-pack"), nodes.workdir,
+    backend = Driver(make_policy("gandiva:quantum=3:-elastic:-pack"), nodes.workdir,
                            nodes=nodes, feedback_steps=20)
     for name in ("a", "b"):
         backend.submit(JobSpec(name, 0.0, 4, "unknown"),
@@ -171,7 +171,7 @@ def test_a_move_whose_destination_cannot_take_it_fails_with_the_reason(nodes):
 def test_a_lost_node_s_jobs_finish_elsewhere_from_their_checkpoints(nodes, cluster, tmp_path):
     args = ("--steps", "2500", "--seed", "7")
     ref = reference(tmp_path, "cnn.py", *args)
-    backend = LocalBackend(make_policy("fifo"), nodes.workdir, nodes=nodes, feedback_steps=20)
+    backend = Driver(make_policy("fifo"), nodes.workdir, nodes=nodes, feedback_steps=20)
     # fifo fills node 0 with the 2-device bystander, and puts the victim on node 1
     backend.submit(JobSpec("bystander", 0.0, 2, "unknown"),
                    Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), "--steps", "1500"]))
@@ -224,7 +224,7 @@ def test_the_logs_of_a_job_and_of_a_gang_s_rank_outlive_the_node_they_ran_on(nod
 
 def test_a_node_that_joins_takes_queued_work(nodes, cluster):
     """Runs last: it adds a node to the module's cluster."""
-    backend = LocalBackend(make_policy("fifo"), nodes.workdir, nodes=nodes, feedback_steps=20)
+    backend = Driver(make_policy("fifo"), nodes.workdir, nodes=nodes, feedback_steps=20)
     before = len(nodes.infos)
     # a gang on every device there is, and a job queued behind it for want of devices
     backend.submit(JobSpec("big", 0.0, len(nodes.devices), "unknown"),

@@ -14,8 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gandiva.runtime import checkpoint  # noqa: E402
-from gandiva.runtime.agent import Agent, AgentError, Launch  # noqa: E402
+from gandiva.job import checkpoint  # noqa: E402
+from gandiva.node.agent import Agent, AgentError, Launch  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -134,7 +134,7 @@ def test_suspended_resumed_moved_and_restarted_job_ends_bit_identical(agent, tmp
         assert agent.jobs["j"].suspended and not agent.jobs["j"].signalled  # by the library
         agent.resume("j", ((i + 1) % 2,))
     agent.restart("j", (0,))  # checkpoint, stop, start again: migration's path
-    restored = started(agent, "j")["restored"]
+    restored = started(agent, "j").restored
     assert restored is not None and restored > 0
     agent.suspend("j")
     agent.resume("j", (1,))
@@ -146,13 +146,13 @@ def test_elastic_job_shrunk_then_grown_ends_bit_identical(agent, tmp_path):
     args = ("--steps", "2000", "--seed", "1")  # seconds of work, even on a fast core
     ref = reference(tmp_path, "elastic_mlp.py", *args)  # 1 rank throughout
     agent.start("e", launch("elastic_mlp.py", *args), (0, 1))  # 2 ranks
-    assert started(agent, "e")["restored"] is None
+    assert started(agent, "e").restored is None
     time.sleep(0.5)
     agent.restart("e", (0,))  # shrink to one rank
-    first = started(agent, "e")["restored"]
+    first = started(agent, "e").restored
     time.sleep(0.5)
     agent.restart("e", (0, 1))  # grow back to two
-    second = started(agent, "e")["restored"]
+    second = started(agent, "e").restored
     assert 0 < first <= second < 2000
     agent.suspend("e")  # a gang is suspended and resumed whole, both ranks at one boundary
     assert agent.jobs["e"].suspended and not agent.jobs["e"].signalled
@@ -179,7 +179,7 @@ def test_sigkill_loses_only_the_work_since_the_last_checkpoint(tmp_path):
         seen: list = []
         wait_for(agent, "restarted", "k", seen=seen)
         assert "signal 9" in seen[-1].data["reason"]
-        assert started(agent, "k")["restored"] == last
+        assert started(agent, "k").restored == last
         wait_for(agent, "done", "k")
         assert_identical(final_state(agent, "k"), ref)
     finally:
@@ -188,7 +188,7 @@ def test_sigkill_loses_only_the_work_since_the_last_checkpoint(tmp_path):
 
 def test_crashing_script_fails_with_its_error_and_the_agent_survives(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("import gandiva.runtime.job as gj\n"
+    bad.write_text("import gandiva.job as gj\n"
                    "job = gj.init()\n"
                    "for step in job.steps(100):\n"
                    "    if step == 3:\n"
@@ -260,11 +260,11 @@ def test_unmodified_script_is_preempted_with_sigterm_and_restarted(agent, tmp_pa
 
 def test_local_backend_time_slices_real_jobs_and_each_ends_as_if_alone(tmp_path):
     from gandiva import actions as A
+    from gandiva.backends.driver import Driver
     from gandiva.policies import make_policy
-    from gandiva.runtime.local import LocalBackend
     from gandiva.spec import JobSpec
 
-    backend = LocalBackend(make_policy("gandiva:quantum=1:-pack"), tmp_path / "run", slots=2,
+    backend = Driver(make_policy("gandiva:quantum=1:-pack"), tmp_path / "run", slots=2,
                            feedback_steps=50)
     args = {f"j{i}": ("--steps", "1500", "--seed", str(i), "--lr", "0.02") for i in range(3)}
     for jid, a in args.items():
@@ -287,11 +287,11 @@ def test_local_backend_time_slices_real_jobs_and_each_ends_as_if_alone(tmp_path)
 
 def test_policy_grows_an_elastic_job_into_an_idle_slot_then_shrinks_it_for_a_newcomer(tmp_path):
     from gandiva import actions as A
+    from gandiva.backends.driver import Driver
     from gandiva.policies import make_policy
-    from gandiva.runtime.local import LocalBackend
     from gandiva.spec import JobSpec
 
-    backend = LocalBackend(make_policy("gandiva:grow_idle_s=1:quantum=1"), tmp_path / "run",
+    backend = Driver(make_policy("gandiva:grow_idle_s=1:quantum=1"), tmp_path / "run",
                            slots=2, feedback_steps=10)
     eargs = ("--steps", "1500", "--seed", "2")
     backend.submit(JobSpec("e", 0.0, 1, "mlp", min_gpus=1, max_gpus=2),
@@ -313,11 +313,11 @@ def test_policy_grows_an_elastic_job_into_an_idle_slot_then_shrinks_it_for_a_new
 def test_local_backend_as_a_server_loop_takes_jobs_while_running(tmp_path):
     import threading
 
+    from gandiva.backends.driver import Driver
     from gandiva.policies import make_policy
-    from gandiva.runtime.local import LocalBackend
     from gandiva.spec import JobSpec
 
-    backend = LocalBackend(make_policy("gandiva:quantum=1"), tmp_path / "run", slots=2,
+    backend = Driver(make_policy("gandiva:quantum=1"), tmp_path / "run", slots=2,
                            feedback_steps=20)
     seen: list[tuple[str, str]] = []
     backend.on_change = lambda rec, what: seen.append((rec.spec.id, what))
@@ -348,19 +348,19 @@ def test_a_job_slow_to_stop_holds_up_neither_the_loop_nor_other_jobs(tmp_path):
     only once it has stopped.)"""
     import threading
 
+    from gandiva.backends.driver import Driver
     from gandiva.policies import make_policy
-    from gandiva.runtime.local import LocalBackend
     from gandiva.spec import JobSpec
 
     slow = tmp_path / "slow.py"
     slow.write_text(
-        "import sys, time\nimport gandiva.runtime.job as gj\njob = gj.init()\n"
+        "import sys, time\nimport gandiva.job as gj\njob = gj.init()\n"
         "for step in job.steps(3):\n"
         "    if step == 1:\n"
         "        open(sys.argv[1], 'w').write('in the long mini-batch')\n"
         "        time.sleep(20)\n")
     mark = tmp_path / "mark"
-    backend = LocalBackend(make_policy("fifo"), tmp_path / "run", slots=2)
+    backend = Driver(make_policy("fifo"), tmp_path / "run", slots=2)
     seen: list[tuple[str, str, bool]] = []  # (job, what, the slow job's hold still under way)
     backend.on_change = lambda rec, what: seen.append(
         (rec.spec.id, what, "slow" in backend.inflight and not backend.inflight["slow"].ended))

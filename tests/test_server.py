@@ -120,7 +120,7 @@ def test_sigterm_checkpoints_running_jobs_at_their_next_mini_batch_and_a_restart
 
     import httpx2
 
-    from gandiva.runtime import checkpoint
+    from gandiva.job import checkpoint
 
     home, port, db = tmp_path / "home", free_port(), str(tmp_path / "g.db")
     token = subprocess.run([*GANDIVA, "user", "add", "ada", "--home", str(home), "--db", db],

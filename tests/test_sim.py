@@ -16,8 +16,9 @@ from conftest import job
 
 from gandiva import actions as A
 from gandiva import events as E
-from gandiva.metrics import percentile, summarize
+from gandiva.metrics import summarize
 from gandiva.policies import make_policy
+from gandiva.run import percentile
 from gandiva.sim.engine import (
     FIRST_FEEDBACK_STEPS,
     JobRecord,

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-import gandiva.runtime.job as gj
+import gandiva.job as gj
 
 
 class Blob(torch.nn.Module):

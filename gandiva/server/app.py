@@ -50,12 +50,11 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gandiva.runtime.agent import Launch
-from gandiva.runtime.local import JobRecord, LocalBackend
+from gandiva.backends.driver import Driver, JobRecord
+from gandiva.node.agent import Launch
 from gandiva.server.jobspec import JobRequest, JsonInt
 from gandiva.server.metrics import Metrics
 from gandiva.server.store import (
-    TERMINAL,
     EventRow,
     JobChange,
     JobRow,
@@ -63,7 +62,7 @@ from gandiva.server.store import (
     Store,
     StoreError,
 )
-from gandiva.spec import JobSpec
+from gandiva.spec import TERMINAL, JobSpec, JobState
 
 DASHBOARD = Path(__file__).parent / "dashboard"
 FOLLOW_POLL_S = 0.25  # how often a followed log or event stream looks for more
@@ -268,7 +267,7 @@ def unprocessable(field: str, msg: str) -> HTTPException:
 class Service:
     """The store and the scheduler's loop, joined: what the API calls."""
 
-    def __init__(self, store: Store, backend: LocalBackend, base_dir: Path,
+    def __init__(self, store: Store, backend: Driver, base_dir: Path,
                  max_unfinished_per_user: int = MAX_UNFINISHED_PER_USER) -> None:
         self.store = store
         self.backend = backend
@@ -379,10 +378,10 @@ class Service:
             cwd = self.user_dir(owner) / req.workdir
             self.owners[row.id] = (owner.id, row.name)
             self._count(row.id, owner.id)
-            held = row.state == "held"
+            held = row.state == JobState.HELD
             if not held:
                 self.store.record(row.id, "requeued", {"after": "server restart"},
-                                  state="queued")
+                                  state=JobState.QUEUED)
             self.backend.submit(*to_scheduler(row.id, req, cwd), time_limit=req.time_limit,
                                 held=held)
             n += 1
@@ -399,13 +398,13 @@ class Service:
 
     def hold(self, who: Principal, row: JobRow) -> None:
         self._live(row)
-        if row.state == "held":
+        if row.state == JobState.HELD:
             raise HTTPException(409, f"job {row.id!r} is held already")
         self.store.record(row.id, "suspend-requested", {"by": who.name})
         self.backend.hold(row.id)
 
     def release(self, who: Principal, row: JobRow) -> None:
-        if row.state != "held":
+        if row.state != JobState.HELD:
             raise HTTPException(409, f"job {row.id!r} is {row.state}, not held: only a job "
                                 "suspended by its user can be resumed")
         self.store.record(row.id, "resume-requested", {"by": who.name})
@@ -445,7 +444,7 @@ class Service:
 
     def cluster_json(self, who: Principal) -> bytes:
         """``cluster`` encoded. Each node's part is encoded once per reader and kept while
-        the backend's view has the same node (see ``LocalBackend.view``): at a thousand
+        the backend's view has the same node (see ``Driver.view``): at a thousand
         servers, building and encoding 8,000 devices at every request of every dashboard
         cost the API its latency, and between two views most nodes do not change."""
         def job(job_id: str) -> dict[str, Any]:
@@ -480,9 +479,9 @@ class Service:
         return f'{rest[:-1]},"nodes":[{",".join(parts)}]}}'.encode()
 
     def _persist(self, rec: JobRecord, what: str) -> None:
-        state = {"running": "running", "suspended": "suspended", "held": "held",
-                 "released": "queued", "done": "done", "failed": "failed",
-                 "cancelled": "cancelled"}.get(what)
+        # what happened -> the state it leaves the job in (others leave it as it was)
+        state = JobState.QUEUED if what == "released" else (
+            JobState(what) if what in set(JobState) else None)
         data: dict[str, Any] = {"steps": rec.steps, "restarts": rec.restarts}
         if what in ("running", "migrated", "resized"):
             data["devices"] = list(rec.devices)

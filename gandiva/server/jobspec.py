@@ -36,7 +36,7 @@ from pydantic import (
     model_validator,
 )
 
-from gandiva.runtime import torchrun
+from gandiva.node import torchrun
 
 # matched whole (fullmatch): a "$" would also match before a final newline
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
@@ -223,7 +223,7 @@ class JobRequest(BaseModel):
 
     @model_validator(mode="after")
     def _torchrun_width(self) -> JobRequest:
-        """gandiva launches the ranks (see ``runtime/torchrun.py``): torchrun's own width
+        """gandiva launches the ranks (see ``node/torchrun.py``): torchrun's own width
         must be the spec's, or absent."""
         try:
             workers = torchrun.worker_count(self.command)

@@ -35,16 +35,17 @@ from prometheus_client.core import GaugeMetricFamily
 
 from gandiva import actions as A
 from gandiva import events as E
-from gandiva.runtime.local import LocalBackend, Observer, named
+from gandiva.backends.driver import Driver, Observer, named
+from gandiva.spec import TERMINAL, JobState
 
 # from sub-millisecond decisions to checkpoints of large models
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
            30, 60)
-STATES = ("queued", "running", "suspended", "held", "done", "failed", "cancelled")
+STATES = tuple(JobState)
 
 
 class Metrics(Observer):
-    def __init__(self, backend: LocalBackend) -> None:
+    def __init__(self, backend: Driver) -> None:
         self.backend = backend
         self.registry = CollectorRegistry()
         self.decisions = Histogram(
@@ -67,7 +68,7 @@ class Metrics(Observer):
                                        "submission_id counts once)", registry=self.registry)
         self.finished = CounterMetric("gandiva_jobs_finished", "Jobs that ended, by how",
                                       ["state"], registry=self.registry)
-        for state in ("done", "failed", "cancelled"):
+        for state in sorted(TERMINAL):
             self.finished.labels(state)
         self.restarts = CounterMetric("gandiva_job_restarts", "Restarts of crashed jobs from "
                                       "their checkpoints", registry=self.registry)
@@ -126,7 +127,7 @@ class Metrics(Observer):
         """A job's transition, as the server stores it."""
         if what == "restarted":
             self.restarts.inc()
-        if state in ("done", "failed", "cancelled"):
+        if state in TERMINAL:
             self.finished.labels(state).inc()
 
     def scrape(self) -> bytes:

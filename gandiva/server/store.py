@@ -43,8 +43,8 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from gandiva.server.jobspec import JobRequest
+from gandiva.spec import TERMINAL, JobState
 
-TERMINAL = ("done", "failed", "cancelled")
 CHUNK = 500  # jobs read in one query when storing a batch (bound parameters stay few)
 TOKEN_RECHECK_S = 10.0  # a cached token is looked up again after this long
 
@@ -261,7 +261,7 @@ class Store:
         job_id = f"{request.name[:31]}-{uuid.uuid4().hex[:8]}"  # at most 40: the id columns
         now = time.time()
         job = {"id": job_id, "user_id": who.id, "name": request.name,
-               "spec": request.model_dump(), "state": "queued", "reason": "",
+               "spec": request.model_dump(), "state": JobState.QUEUED, "reason": "",
                "priority": request.priority, "submitted_at": now, "started_at": None,
                "finished_at": None, "submission_id": request.submission_id}
         mine = _Pending(job, {"job_id": job_id, "at": now, "kind": "submitted",

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 from gandiva import actions as A
 from gandiva import events as E
+from gandiva.run import JobRun, RunResult, no_counts
 from gandiva.scheduler import Policy, Scheduler
 from gandiva.sim.perf import PerfModel, default_perf_model
-from gandiva.spec import JobSpec
+from gandiva.spec import JobSpec, JobState
 from gandiva.state import Cluster
 
 # the paper's early-feedback metric: time to 100 mini-batches, i.e. steps of the job's loop (an
@@ -45,11 +46,10 @@ class SimConfig:
     controller: Callable[[E.ProfileSample, Cluster], Iterable[tuple[str, int]]] | None = None
 
 
-@dataclass(slots=True)
-class JobRecord:
+@dataclass(slots=True, kw_only=True)
+class JobRecord(JobRun):
     """The simulator's truth about one job, and what the metrics need from it."""
 
-    spec: JobSpec
     model: str
     work: float  # mini-batches, one GPU's each (Gavel's steps): throughput's unit
     utilization: float  # the model's GPU utilisation alone (the truth, for metrics only)
@@ -66,9 +66,6 @@ class JobRecord:
     queued: list[float] = field(default_factory=list)  # its completion events, latest first
     gpus: tuple[int, ...] = ()
     last_servers: frozenset[int] = frozenset()
-    start: float | None = None
-    first_feedback: float | None = None
-    finish: float | None = None
     active_area_at_submit: float = 0.0
     active_area_at_finish: float = 0.0
     held_s: float = 0.0  # seconds holding GPUs (its stalls included)
@@ -81,17 +78,13 @@ class JobRecord:
             self.stall_s += max(0.0, min(self.stall_until, now) - self.seg_start)
 
 
-@dataclass
-class SimResult:
-    policy: str
-    cluster_gpus: int
-    jobs: list[JobRecord]
-    counts: dict[str, int]
+@dataclass(kw_only=True)
+class SimResult(RunResult):
+    """A run's result (``jobs``: ``JobRecord``; ``actions``: every one, with its time, when
+    the timeline is on), and what only the simulator knows of it."""
+
     allocated_gpu_seconds: float
-    span: tuple[float, float]
     series: list[tuple[float, int, int, int]]  # (time, allocated GPUs, waiting jobs, running)
-    timeline: list[tuple[int, str, float, float, bool]]  # (gpu, job, start, end, shared)
-    actions: list[tuple[float, A.Action]]  # every action with its time (when timeline is on)
     events: int
     notes: list[str]
 
@@ -119,8 +112,7 @@ class Simulator:
         self._heap: list[tuple[float, int, int, int, object]] = []
         self._seq = 0
         self.records: dict[str, JobRecord] = {}
-        self.counts = {k: 0 for k in ("places", "suspends", "resumes", "packs", "unpacks",
-                                      "migrations", "grows", "shrinks", "kills", "failures")}
+        self.counts = no_counts()
         self.notes: list[str] = []
         self._gpu_types = sorted({g.type for g in cluster.gpus})
         self._biggest_server = max(n.size for n in cluster.nodes)
@@ -131,7 +123,7 @@ class Simulator:
         self._t_prev = 0.0
         self._series: list[tuple[float, int, int, int]] = []
         self._timeline: list[tuple[int, str, float, float, bool]] = []
-        self._actions: list[tuple[float, A.Action]] = []
+        self._actions: list[tuple[float, A.Action, float]] = []
         self._events = 0
         too_big = 0
         for spec in jobs:
@@ -161,7 +153,8 @@ class Simulator:
         else:
             raise ValueError(f"job {spec.id!r}: give duration or mini_batches")
         solo = work / max(self.perf.throughput(model, t, n) for t in self._gpu_types)
-        return JobRecord(spec, model, work, self.perf.profile(model).utilization, solo)
+        return JobRecord(spec=spec, submit=spec.submit_time, model=model, work=work,
+                         utilization=self.perf.profile(model).utilization, solo_time=solo)
 
     # ---- the event loop -----------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: object) -> None:
@@ -220,7 +213,7 @@ class Simulator:
         submits = [r.spec.submit_time for r in self.records.values()]
         return SimResult(
             policy=getattr(self.policy, "spec", self.policy.name),
-            cluster_gpus=cluster.total_gpus,
+            devices=[f"{g.type}:{g.id}" for g in cluster.gpus],
             jobs=list(self.records.values()),
             counts=dict(self.counts),
             allocated_gpu_seconds=self._alloc_area,
@@ -396,7 +389,7 @@ class Simulator:
     # ---- the backend interface: carry out an action (already applied to the state) ------
     def execute(self, action: A.Action, cluster: Cluster) -> None:
         if self.config.timeline:
-            self._actions.append((self.now, action))
+            self._actions.append((self.now, action, 0.0))
         if isinstance(action, A.Wake):
             if action.time >= self.now and action.time not in self._wakes:
                 self._wakes.add(action.time)
@@ -441,6 +434,7 @@ class Simulator:
     def _finish(self, rec: JobRecord) -> None:
         self._advance(rec)
         rec.done = rec.work
+        rec.status = JobState.DONE
         if rec.first_feedback is None:
             rec.first_feedback = self.now
         rec.finish = self.now

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from gandiva import actions as A
+from gandiva.backends.driver import Driver, detect_devices
+from gandiva.node.agent import Launch
 from gandiva.policies import make_policy
-from gandiva.runtime.agent import Launch
-from gandiva.runtime.local import LocalBackend, LocalResult, detect_devices
+from gandiva.run import RunResult, outcome
 from gandiva.spec import JobSpec
 
 DEMO_QUANTUM_S = 5.0
@@ -62,29 +63,23 @@ def policy_spec(name: str, cfg: DemoConfig) -> str:
     return f"{name}:quantum={cfg.quantum:g}" if name.split(":")[0] == "gandiva" else name
 
 
-def summarize(res: LocalResult, feedback_steps: int) -> dict[str, Any]:
-    done = [j for j in res.jobs if j.status == "done"]
-    span = max((j.finish for j in done), default=0.0)
-    feedback = [j.first_feedback - j.submit for j in done if j.first_feedback is not None]
-    jct = [j.finish - j.submit for j in done]
-    count = {k: sum(1 for _, a, _ in res.actions if isinstance(a, k))
-             for k in (A.Suspend, A.Resume, A.Pack, A.Unpack, A.Migrate)}
+def summarize(res: RunResult) -> dict[str, Any]:
+    """A run's outcome (``run.outcome``), and what this machine measured of it: devices
+    busy, how long a suspend took here, each job's final loss."""
     suspend_s = [d for _, a, d in res.actions if isinstance(a, A.Suspend)]
+    makespan = max((j.finish for j in res.jobs if j.finish is not None), default=0.0)
     return {
-        "jobs": len(res.jobs), "done": len(done), "failed": len(res.jobs) - len(done),
-        "mean_first_feedback_s": sum(feedback) / len(feedback) if feedback else None,
-        "max_first_feedback_s": max(feedback, default=None),
-        "mean_jct_s": sum(jct) / len(jct) if jct else None,
-        "makespan_s": span,
-        "utilization": res.busy_device_seconds() / (len(res.devices) * span) if span else 0.0,
-        "suspends": count[A.Suspend], "resumes": count[A.Resume], "packs": count[A.Pack],
-        "unpacks": count[A.Unpack], "migrations": count[A.Migrate],
+        **outcome(res),
+        "makespan_s": makespan,
+        "utilization": (res.busy_device_seconds() / (len(res.devices) * makespan)
+                        if makespan else 0.0),
+        "unpacks": res.counts.get("unpacks", 0),
         "mean_suspend_s": sum(suspend_s) / len(suspend_s) if suspend_s else None,
         "final_losses": {j.spec.id: j.metrics.get("loss") for j in res.jobs},
     }
 
 
-def run_demo(cfg: DemoConfig, workdir: Path, on_start=None) -> dict[str, tuple[LocalResult, dict]]:
+def run_demo(cfg: DemoConfig, workdir: Path, on_start=None) -> dict[str, tuple[RunResult, dict]]:
     devices, _, _ = detect_devices(cfg.slots)
     n = cfg.jobs or 3 * len(devices)
     out = {}
@@ -94,10 +89,10 @@ def run_demo(cfg: DemoConfig, workdir: Path, on_start=None) -> dict[str, tuple[L
             on_start(spec, n, devices)
         run_dir = workdir / spec.replace(":", "_").replace("=", "-")
         shutil.rmtree(run_dir, ignore_errors=True)
-        backend = LocalBackend(make_policy(spec), run_dir, slots=cfg.slots,
+        backend = Driver(make_policy(spec), run_dir, slots=cfg.slots,
                                feedback_steps=cfg.feedback_steps)
         for job_spec, launch in search(cfg, n):
             backend.submit(job_spec, launch)
         res = backend.run()
-        out[spec] = (res, summarize(res, cfg.feedback_steps))
+        out[spec] = (res, summarize(res))
     return out

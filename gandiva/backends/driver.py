@@ -1,16 +1,16 @@
-"""The ``local`` backend: the scheduler core and a policy driving real jobs on this machine.
+"""The driver: the scheduler's loop on a wall clock, driving real jobs through ``Nodes``.
 
 The same loop as the simulator (``scheduler.Scheduler``), on a wall clock: arrivals at their
-submit times, the policy's timers (``Wake``), and what the agent sees (profile samples,
-completions, failures) become events; the policy's actions are carried out by the agent on real
-processes. A machine with GPUs gives one device per GPU; one without gives CPU slots that stand
-in for GPUs (one core each by default), so that the whole system runs anywhere.
+submit times, the policy's timers (``Wake``), and what the nodes see (profile samples,
+completions, failures) become events; the policy's actions go to the nodes, which carry them
+out off the loop (``courier``). The nodes are this machine's agent by default (the ``local``
+backend: one device per GPU, or CPU slots standing in for GPUs, one core each, so that the
+whole system runs anywhere), Ray's (``ray``) or hollow ones (``hollow``). What readers see is
+in ``explain``, what users ask of their jobs in ``requests``.
 """
 
 from __future__ import annotations
 
-import bisect
-import dataclasses
 import heapq
 import os
 import queue
@@ -25,11 +25,15 @@ from pathlib import Path
 
 from gandiva import actions as A
 from gandiva import events as E
-from gandiva.runtime.agent import ACK_TIMEOUT_S, Agent, AgentEvent, Launch
-from gandiva.runtime.courier import Courier, Task
-from gandiva.runtime.nodes import Nodes
+from gandiva.backends.courier import Courier, Task
+from gandiva.backends.explain import Seen
+from gandiva.backends.nodes import Nodes
+from gandiva.backends.requests import Requests
+from gandiva.job import wire
+from gandiva.node.agent import ACK_TIMEOUT_S, Agent, AgentEvent, Launch
+from gandiva.run import COUNTED, JobRun, RunResult, no_counts
 from gandiva.scheduler import Scheduler
-from gandiva.spec import JobSpec
+from gandiva.spec import TERMINAL, JobSpec, JobState
 from gandiva.state import GPU, Cluster, JobStatus, Node
 
 
@@ -58,16 +62,11 @@ def one_node(devices: list[str], kind: str, memory_gb: float) -> Cluster:
 
 
 @dataclass
-class JobRecord:
-    spec: JobSpec
-    submit: float
-    start: float | None = None
-    first_feedback: float | None = None  # when it had done ``feedback_steps`` mini-batches
-    finish: float | None = None
-    status: str = "queued"
-    reason: str = ""
+class JobRecord(JobRun):
+    """A job's run (``first_feedback``: when it had done ``feedback_steps`` mini-batches),
+    and what it reports while it runs."""
+
     steps: int = 0
-    restarts: int = 0
     metrics: dict = field(default_factory=dict)
     devices: tuple[int, ...] = ()
     time_limit: float | None = None  # seconds of running (time-sliced turns not counted)
@@ -80,11 +79,9 @@ class JobRecord:
         return self.ran + (now - self.running_since if self.running_since is not None else 0.0)
 
 
-TERMINAL = ("done", "failed", "cancelled")
 SNAPSHOT_EVERY_S = 0.2  # under load, explain, the cluster view and metrics read a copy
 # at most this old (copying the state of thousands of queued jobs at every event would cost
 # the loop more than the events)
-QUEUE_SHOWN = 100  # the head of the queue in the cluster view (its length comes beside it)
 SNAPSHOT_SHARE = 10  # ... and when caught up, not sooner than 10x the last one's cost
 SAMPLE_EVERY_S = 1.0  # utilisation samples
 SAMPLES_KEPT = 86_400  # a day of them
@@ -140,36 +137,14 @@ class Observer:
         duration."""
 
 
-@dataclass
-class LocalResult:
-    policy: str
-    devices: list[str]
-    jobs: list[JobRecord]
-    actions: list[tuple[float, A.Action, float]]  # (time, action, seconds it took)
-    timeline: list[tuple[int, str, float, float, bool]]  # (device, job, start, end, shared)
-    span: tuple[float, float]
-
-    def busy_device_seconds(self) -> float:
-        """Device-seconds with at least one job on the device (shared time counted once)."""
-        total = 0.0
-        for dev in {seg[0] for seg in self.timeline}:
-            end = float("-inf")
-            for _, _, s, e, _ in sorted((g for g in self.timeline if g[0] == dev),
-                                        key=lambda g: g[2]):
-                if e > end:
-                    total += e - max(s, end)
-                    end = e
-        return total
-
-
-class LocalBackend:
+class Driver:
     """Runs ``jobs`` (spec, launch) under ``policy`` on this machine; ``run()`` blocks until
     every job has finished or failed."""
 
     def __init__(self, policy, workdir: Path, slots: int | None = None, threads: int = 1,
                  checkpoint_every_s: float = 300.0, feedback_steps: int = 100,
                  max_restarts: int | None = None, nodes: Nodes | None = None) -> None:
-        """``nodes``: what runs the jobs (``gandiva.runtime.nodes``: the ray backend's
+        """``nodes``: what runs the jobs (``gandiva.backends.nodes``: the ray backend's
         ``RayNodes``, ``HollowNodes``); by default one ``Agent`` on this machine's devices."""
         if nodes is None:
             devices, kind, memory = detect_devices(slots, threads)
@@ -190,10 +165,10 @@ class LocalBackend:
         self.wakes: list[float] = []
         # (time, action, seconds it took): the newest ones, for a run's result
         self.actions: deque[tuple[float, A.Action, float]] = deque(maxlen=100_000)
+        self.counts = no_counts()  # every action carried out, by kind
         # device -> job -> (since, shared): the timeline's segments not yet closed
         self._open: dict[int, dict[str, tuple[float, bool]]] = {}
         self.cluster.touched = set()  # the devices _track looks at
-        self._limited: dict[str, None] = {}  # jobs with a time limit, not yet ended
         self._next_overdue_check = 0.0
         self._snapshot_cost = 0.0
         self.timeline: list[tuple[int, str, float, float, bool]] = []
@@ -218,19 +193,12 @@ class LocalBackend:
         self._stopping = False
         self._drain_s = 0.0
         self._beat: float | None = None  # when the loop last went round (None: not running)
-        self._requests: list[tuple[str, str, object]] = []  # (what, job, argument) from users
+        self.requests = Requests(self)  # what users ask of their jobs
         self.samples: deque[tuple[float, int, float]] = deque(maxlen=SAMPLES_KEPT)
         self._next_sample = 0.0
         self._dirty = True
         self._snapshot_at = float("-inf")
-        self._seen: dict | None = None
-        self._view: tuple[dict, dict] | None = None  # (the snapshot, the view built of it)
-        # node -> (what it was built of, its part of the view, the device lists it used):
-        # a node that did not change is the same dict in the next view (see ``view``)
-        self._node_views: dict[int, tuple[tuple, dict, list]] = {}
-        self._on: list[list[str]] = [[] for _ in self.cluster.gpus]  # device -> its jobs
-        self._jobs_seen: dict[str, tuple] = {}  # each unfinished job, as of the snapshot
-        self._changed: set[str] | None = None  # jobs changed since it (None: any might)
+        self.seen = Seen(self.cluster, policy, self.devices)  # what readers see
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -256,87 +224,47 @@ class LocalBackend:
                 raise ValueError(f"job {spec.id!r} submitted twice; give each job its own id")
             self.launches[spec.id] = launch
             self.records[spec.id] = JobRecord(spec, spec.submit_time, time_limit=time_limit,
-                                              status="held" if held else "queued")
-            if time_limit is not None:
-                self._limited[spec.id] = None
+                                              status=JobState.HELD if held else JobState.QUEUED)
             if not held:
                 heapq.heappush(self.pending, (spec.submit_time, len(self.launches), spec))
+        if time_limit is not None:
+            self.requests.limit(spec.id)
         self.agent.events.put(AgentEvent("wake", spec.id))  # the loop may be waiting
 
-    # ---- what users ask of a job (safe from any thread; the loop does it at its next step)
+    # ---- what users ask of a job (safe from any thread; see ``requests``) ----------------
     def cancel(self, job_id: str) -> None:
         """Cancel a job, queued, running, suspended or held; it reports "cancelled"."""
-        self._request("cancel", job_id)
+        self._ask("cancel", job_id)
 
     def hold(self, job_id: str) -> None:
         """Take a job out of scheduling until ``release``: a running or suspended job
         checkpoints at its next mini-batch boundary and its processes exit, so it holds no
         device and no host memory; it reports "held"."""
-        self._request("hold", job_id)
+        self._ask("hold", job_id)
 
     def release(self, job_id: str) -> None:
         """Give a held job back to the scheduler; it restores from its checkpoint."""
-        self._request("release", job_id)
+        self._ask("release", job_id)
 
     def set_priority(self, job_id: str, priority: int) -> None:
-        self._request("priority", job_id, priority)
+        self._ask("priority", job_id, priority)
 
-    def _request(self, what: str, job_id: str, arg: object = None) -> None:
+    def _ask(self, what: str, job_id: str, arg: object = None) -> None:
+        self.requests.ask(what, job_id, arg)
+        self.agent.events.put(AgentEvent("wake", job_id))  # the loop may be waiting
+
+    def requeue(self, spec: JobSpec) -> None:
+        """(The loop.) The job arrives again, as ``spec`` says (a held job released)."""
         with self._lock:
-            if job_id not in self.records:
-                raise ValueError(f"no job {job_id!r}")
-            self._requests.append((what, job_id, arg))
-        self.agent.events.put(AgentEvent("wake", job_id))
+            heapq.heappush(self.pending, (spec.submit_time, len(self.launches), spec))
 
-    def _carry_out(self, what: str, job_id: str, arg: object) -> None:
-        rec = self.records[job_id]
-        if rec.status in TERMINAL:
-            return
-        if what == "cancel":
-            self._end(job_id, "cancelled", "cancelled")
-        elif what == "hold" and rec.status != "held":
-            self._withdraw(job_id, how="held")
-            self._set(rec, "held", "held")
-        elif what == "release" and rec.status == "held":
-            spec = dataclasses.replace(rec.spec, submit_time=self.now())
-            with self._lock:
-                heapq.heappush(self.pending, (spec.submit_time, len(self.launches), spec))
-            self._set(rec, "released", "queued")
-        elif what == "priority":
-            rec.spec = dataclasses.replace(rec.spec, priority=int(arg))
-            job = self.cluster.jobs.get(job_id)
-            if job is not None and job.status not in (JobStatus.DONE, JobStatus.KILLED):
-                self._handle(E.PriorityChange(self.now(), job_id, int(arg)))
-
-    def _withdraw(self, job_id: str, how: str) -> None:
-        """Take the job out of the queue, the agent and the cluster state. Held jobs
-        checkpoint first; cancelled and timed-out ones are killed."""
-        rec = self.records[job_id]
+    def unqueue(self, job_id: str) -> None:
+        """(The loop.) The job will not arrive (it was withdrawn before it did)."""
         with self._lock:
             self.pending = [p for p in self.pending if p[2].id != job_id]
             heapq.heapify(self.pending)
-        agent = self.agent
-        stop = agent.park if how == "held" else agent.kill
 
-        def withdraw() -> Future | None:
-            if job_id in agent.jobs:
-                return stop(job_id)
-            agent.ended.add(job_id)  # not started yet: an action sent before must not start it
-            return None
-        self._send(job_id, how, withdraw, rec.devices)
-        self._stopped_running(rec)
-        job = self.cluster.jobs.get(job_id)
-        if job is not None and job.status not in (JobStatus.DONE, JobStatus.KILLED):
-            self._handle(E.Departure(self.now(), job_id, how="cancelled"))
-
-    def _end(self, job_id: str, status: str, reason: str) -> None:
-        rec = self.records[job_id]
-        self._withdraw(job_id, how=status)
-        rec.finish = self.now()
-        rec.reason = reason
-        self._set(rec, status, status)
-
-    def _stopped_running(self, rec: JobRecord) -> None:
+    def stopped_running(self, rec: JobRecord) -> None:
         if rec.running_since is not None:
             rec.ran += self.now() - rec.running_since
             rec.running_since = None
@@ -364,29 +292,29 @@ class LocalBackend:
         live = [rec for rec in self.records.values() if rec.status not in TERMINAL
                 and (rec.spec.id in self.agent.jobs or rec.spec.id in self.inflight)]
         for rec in live:
-            self._send(rec.spec.id, "drain", partial(self.agent.park, rec.spec.id),
+            self.send(rec.spec.id, "drain", partial(self.agent.park, rec.spec.id),
                        rec.devices)
         self._flush()
         tasks = {rec.spec.id: self.inflight[rec.spec.id] for rec in live}
         self.courier.wait(budget_s)
         for rec in live:
             done = tasks[rec.spec.id].ended
-            self._set(rec, "stopped-for-shutdown" if done else "shutdown-timeout")
+            self.set(rec, "stopped-for-shutdown" if done else "shutdown-timeout")
         self._flush()
 
-    def _set(self, rec: JobRecord, what: str, status: str | None = None) -> None:
+    def set(self, rec: JobRecord, what: str, status: JobState | None = None) -> None:
         if status is not None:
             rec.status = status
-            if status == "running" and rec.running_since is None:
+            if status == JobState.RUNNING and rec.running_since is None:
                 rec.running_since = self.now()
-            elif status != "running":
-                self._stopped_running(rec)
+            elif status != JobState.RUNNING:
+                self.stopped_running(rec)
         self._dirty = True
         if self.on_change is not None:
             self.on_change(rec, what)
 
     # ---- the loop -----------------------------------------------------------------------
-    def run(self, timeout: float | None = None, until_idle: bool = True) -> LocalResult:
+    def run(self, timeout: float | None = None, until_idle: bool = True) -> RunResult:
         """The loop; returns once every job has finished or failed (``until_idle``), or, as
         a server's loop (``until_idle=False``), when ``stop`` is called."""
         self.t0 = time.monotonic()
@@ -405,8 +333,8 @@ class LocalBackend:
             self.courier.close(timeout=CLOSE_WAIT_S)
             self.agent.close()
         self._close_segments()
-        return LocalResult(self.policy.name, self.devices, list(self.records.values()),
-                           self.actions, self.timeline, (0.0, self.now()))
+        return RunResult(self.policy.name, self.devices, list(self.records.values()),
+                         self.actions, self.timeline, (0.0, self.now()), dict(self.counts))
 
     def _unfinished(self) -> bool:
         with self._lock:
@@ -425,22 +353,18 @@ class LocalBackend:
                 self._on_agent(self.agent.events.get_nowait())
         except queue.Empty:
             pass
-        with self._lock:
-            requests, self._requests = self._requests, []
-        for what, job_id, arg in requests:
-            self._carry_out(what, job_id, arg)
+        self.requests.carry_out()  # what users asked for; time limits
         while True:
             with self._lock:
                 if not self.pending or self.pending[0][0] > self.now():
                     break
                 _, _, spec = heapq.heappop(self.pending)
             self.records[spec.id].submit = self.now()
-            self._handle(E.Arrival(self.now(), spec))
+            self.handle(E.Arrival(self.now(), spec))
         if self.wakes and self.wakes[0] <= self.now():
             while self.wakes and self.wakes[0] <= self.now():
                 heapq.heappop(self.wakes)
-            self._handle(E.Tick(self.now()))
-        self._enforce_time_limits()
+            self.handle(E.Tick(self.now()))
         if self.inflight and time.monotonic() >= self._next_overdue_check:
             self._next_overdue_check = time.monotonic() + 1.0  # a deadline of minutes
             self._check_overdue()
@@ -453,23 +377,9 @@ class LocalBackend:
             # when the loop has caught up, or under load at this rate; and a costly one (many
             # jobs) takes at most 1/SNAPSHOT_SHARE of the loop's time, however often it idles
             t = time.perf_counter()
-            self._snapshot()
+            self._dirty, self._snapshot_at = False, self.now()
+            self.seen.take()
             self._snapshot_cost = time.perf_counter() - t
-
-    def _enforce_time_limits(self) -> None:
-        now = self.now()
-        # only the jobs that have a limit (a list kept under the lock: the API's threads
-        # submit meanwhile), not every running job at every turn of the loop
-        with self._lock:
-            limited = list(self._limited)
-        for job_id in limited:
-            rec = self.records[job_id]
-            if rec.status in TERMINAL:
-                with self._lock:
-                    del self._limited[job_id]
-            elif rec.running_since is not None and rec.running_time(now) >= rec.time_limit:
-                self._end(rec.spec.id, "failed",
-                          f"time limit reached: it ran {rec.time_limit:g} s")
 
     def _sample(self) -> None:
         """Utilisation now: devices holding a job, and the mean utilisation the running
@@ -488,7 +398,7 @@ class LocalBackend:
             return
         if ev.kind == "node-joined":
             if ev.data["node"] == len(self.cluster.nodes):  # not in the state when it began
-                self._handle(E.Join(self.now(), ev.data["gpus"], ev.data["kind"],
+                self.handle(E.Join(self.now(), ev.data["gpus"], ev.data["kind"],
                                     ev.data["memory_gb"]))
             return
         rec = self.records.get(ev.job_id)
@@ -496,26 +406,27 @@ class LocalBackend:
             return
         now = self.now()
         if ev.kind == "profile":
-            d = ev.data
-            rec.steps = d["step"]
-            rec.metrics.update(d.get("metrics") or {})
-            rec.profile = {k: d[k] for k in ("mini_batch_time", "memory_gb", "utilization")}
+            p: wire.Profile = ev.data
+            rec.steps = p.step
+            rec.metrics.update(p.metrics)
+            rec.profile = {"mini_batch_time": p.mini_batch_time, "memory_gb": p.memory_gb,
+                           "utilization": p.utilization}
             if rec.first_feedback is None and rec.steps >= self.feedback_steps:
                 rec.first_feedback = now
-                self._set(rec, "feedback")
+                self.set(rec, "feedback")
             if now - rec.profiled_at >= PROFILE_EVERY_S:
                 rec.profiled_at = now
-                self._set(rec, "profile")
+                self.set(rec, "profile")
             job = self.cluster.jobs.get(ev.job_id)
             if job is not None and job.status is JobStatus.RUNNING:
-                self._handle(E.ProfileSample(now, ev.job_id, d["mini_batch_time"],
-                                             d["memory_gb"], d["utilization"], d["step"]))
+                self.handle(E.ProfileSample(now, ev.job_id, p.mini_batch_time,
+                                             p.memory_gb, p.utilization, p.step))
         elif ev.kind == "restarted":
             rec.restarts += 1
             rec.reason = ev.data.get("reason", "")
-            self._set(rec, "restarted")
+            self.set(rec, "restarted")
         elif ev.kind in ("done", "failed"):
-            if rec.status == "cancelled":
+            if rec.status == JobState.CANCELLED:
                 return  # it ended as it was being cancelled: cancelled it stays
             rec.finish = now
             rec.reason = ev.data.get("reason", "")
@@ -523,37 +434,37 @@ class LocalBackend:
                 rec.steps = ev.data.get("step", rec.steps)
                 if rec.first_feedback is None:
                     rec.first_feedback = now
-            self._set(rec, ev.kind, ev.kind)
+            self.set(rec, ev.kind, JobState(ev.kind))
             job = self.cluster.jobs.get(ev.job_id)
             if job is not None and job.status.value not in ("done", "killed"):
-                self._handle(E.Departure(now, ev.job_id, how=ev.kind))
+                self.handle(E.Departure(now, ev.job_id, how=ev.kind))
 
     def _node_lost(self, node: int, jobs: list[str]) -> None:
         """A machine went away: its jobs go back to placement, and restart elsewhere from
         their last checkpoints (the policy decides where); the others carry on."""
         for job_id in jobs:
             rec = self.records.get(job_id)
-            if rec is not None and rec.status not in TERMINAL and rec.status != "held":
+            if rec is not None and rec.status not in TERMINAL and rec.status != JobState.HELD:
                 rec.restarts += 1
                 rec.reason = f"node {node} was lost"
-                self._set(rec, "node-lost", "queued")
+                self.set(rec, "node-lost", JobState.QUEUED)
         if self.cluster.nodes[node].up:
-            self._handle(E.Failure(self.now(), node))
+            self.counts["failures"] += 1
+            self.handle(E.Failure(self.now(), node))
 
     def read_log(self, job_id: str, rank: int = 0, offset: int = 0) -> bytes:
         """The job's output (one rank's) from byte ``offset``, across its restarts."""
         return self.agent.read_log(job_id, rank, offset)
 
-    def _handle(self, event: E.Event) -> None:
+    def handle(self, event: E.Event) -> None:
         t = time.perf_counter()
         outer, self._sent = self._sent, []
-        if self._changed is not None:
-            if isinstance(event, E.Arrival):
-                self._changed.add(event.job.id)
-            elif isinstance(event, E.Failure | E.Join):
-                self._changed = None  # many jobs at once: copy them all
-            elif hasattr(event, "job_id"):
-                self._changed.add(event.job_id)
+        if isinstance(event, E.Arrival):
+            self.seen.touch(event.job.id)
+        elif isinstance(event, E.Failure | E.Join):
+            self.seen.touch(None)  # many jobs at once
+        elif hasattr(event, "job_id"):
+            self.seen.touch(event.job_id)
         try:
             self.scheduler.handle(event)
             if self._outbox:  # else what changed is stored at the end of the step
@@ -569,126 +480,16 @@ class LocalBackend:
         self._dirty = True
 
     # ---- why is my job pending? ---------------------------------------------------------
-    def _snapshot(self) -> None:
-        """A copy of what ``explain`` and the cluster view read, swapped in whole: other
-        threads never see the state half-changed, and never wait for the loop. Only the
-        jobs that events and actions touched since the last one are copied again (at 20,000
-        jobs, copying them all five times a second was a fifth of the server's time)."""
-        c, book = self.cluster, getattr(self.policy, "book", None)
-        self._dirty, self._snapshot_at = False, self.now()
-        jobs, changed = self._jobs_seen, self._changed
-        if changed is None:
-            jobs.clear()
-            changed = c.jobs.keys()
-        for jid in changed:
-            j = c.jobs.get(jid)
-            if j is None or j.status in (JobStatus.DONE, JobStatus.KILLED):
-                jobs.pop(jid, None)
-            else:
-                jobs[jid] = (j.status.value, j.gpus, j.num_gpus, j.priority)
-        self._changed = set()
-        self._seen = {
-            "free": c.free_count(), "devices": len(c.gpus),
-            "queue": list(c.queue),  # (submit time, seq, job): sorted
-            "jobs": dict(jobs),
-            "transitions": dict(c.transitions),
-            "on": list(self._on),  # (its lists are replaced, never changed: see _track)
-            "home": dict(book.home) if book is not None else {},
-            "height": [book.height(s) for s in range(len(c.nodes))] if book else [],
-        }
-
     def view(self) -> dict:
-        """Who is on which device, and who waits its turn where, from the snapshot: built
-        once per snapshot, by the first reader (callers must not change it). A node that
-        did not change since the last view is the same object in this one, so a reader can
-        keep what it made of it."""
-        seen = self._seen or {}
-        built = self._view
-        if built is not None and built[0] is seen:
-            return built[1]
-        jobs = seen.get("jobs", {})
-        waits: dict[int, list[str]] = {}  # server -> jobs that wait their turn there
-        for j, servers in seen.get("home", {}).items():
-            if jobs.get(j, ("",))[0] in ("suspended", "queued"):
-                for server in servers:
-                    waits.setdefault(server, []).append(j)
-        on = seen.get("on", ())
-        nodes, kept = [], self._node_views
-        for node in self.cluster.nodes:
-            # a device's list of jobs is replaced when it changes (_track): a node whose
-            # lists, waiting jobs and state are the same objects as last time is the same
-            lists = [on[g] if g < len(on) else [] for g in node.gpus]
-            sliced = sorted(waits.get(node.id, ()))
-            key = (node.up, *sliced, None, *map(id, lists))
-            hit = kept.get(node.id)
-            if hit is None or hit[0] != key:
-                devices = [{"id": g, "name": self.devices[g], "jobs": jobs}
-                           for g, jobs in zip(node.gpus, lists, strict=True)]
-                # suspended for their turn, or admitted to the server and waiting for one
-                hit = kept[node.id] = (key, {"id": node.id, "up": node.up,
-                                             "devices": devices, "time_sliced": sliced}, lists)
-            nodes.append(hit[1])
-        up = sum(node.size for node in self.cluster.nodes if node.up)
-        queue = seen.get("queue", [])
-        view = {"policy": self.policy.name, "total": up,
-                "free": seen.get("free", len(self.devices)),
-                "queue": [jid for _, _, jid in queue[:QUEUE_SHOWN]],
-                "queue_length": len(queue), "nodes": nodes}
-        self._view = (seen, view)
-        return view
-
-    def _position(self, job_id: str) -> int | None:
-        """The job's place in the snapshot's queue (1: next), or None."""
-        job = self.cluster.jobs.get(job_id)  # (submit time, seq) never change
-        queue = self._seen["queue"] if self._seen else []
-        if job is None:
-            return None
-        key = (job.spec.submit_time, job.seq, job.id)
-        i = bisect.bisect_left(queue, key)
-        return i + 1 if i < len(queue) and queue[i] == key else None
+        """Who is on which device, and who waits its turn where (see ``explain.Seen``)."""
+        return self.seen.view()
 
     def explain(self, job_id: str) -> dict:
         """The job's state, and why it is not running, in words."""
         rec = self.records.get(job_id)
         if rec is None:
             raise ValueError(f"no job {job_id!r}")
-        seen = self._seen
-        out = {"state": rec.status, "reason": "", "queue_position": None, "needs": None}
-        if rec.status in TERMINAL:
-            out["reason"] = rec.reason or f"the job is {rec.status}"
-            return out
-        if rec.status == "held":
-            out["reason"] = "held by its user: resume it to give it back to the scheduler"
-            return out
-        # the record's state is the loop's latest; the snapshot adds details at most
-        # SNAPSHOT_EVERY_S old (who shares a device, the queue)
-        quantum = getattr(self.policy, "quantum", None)
-        home = seen["home"].get(job_id) if seen else None
-        moving = seen["transitions"].get(job_id) if seen else None
-        if moving is not None:
-            out["transition"] = moving  # decided; its node has not confirmed it yet
-        if rec.status == "running":
-            on = seen["on"] if seen else []
-            partners = sorted({j for g in rec.devices if g < len(on) for j in on[g]
-                               if j != job_id})
-            out["reason"] = (f"running on device(s) {', '.join(map(str, rec.devices))}"
-                             + (f", packed with {', '.join(partners)}" if partners else ""))
-        elif rec.status == "suspended" or (home is not None and quantum):
-            out["reason"] = (f"time-sliced: its server is over-subscribed (height "
-                             f"{max(seen['height'][s] for s in home):.1f}); it runs at its turn, "
-                             f"in rounds of {quantum:g} s" if home else
-                             "suspended: it waits for its turn")
-        elif seen is None or job_id not in seen["jobs"]:
-            out["reason"] = "submitted; the scheduler has not taken it up yet"
-        else:
-            _, _, want, _ = seen["jobs"][job_id]
-            out["queue_position"] = self._position(job_id)
-            out["needs"] = f"{want} free device(s)"
-            out["reason"] = (f"waiting for {want} free device(s); {seen['free']} of "
-                             f"{seen['devices']} free now"
-                             + (f"; {out['queue_position']} in line"
-                                if out["queue_position"] else ""))
-        return out
+        return self.seen.explain(job_id, rec.status, rec.reason, rec.devices)
 
     # ---- the body -----------------------------------------------------------------------
     def execute(self, action: A.Action, cluster: Cluster) -> None:
@@ -699,14 +500,13 @@ class LocalBackend:
             heapq.heappush(self.wakes, action.time)
             return
         agent, job = self.agent, action.job_id
-        if self._changed is not None:
-            self._changed.add(job)
+        self.seen.touch(job)
         rec = self.records[job]
         before = rec.devices
         if isinstance(action, (A.Place, A.Resume, A.Pack)):
             rec.devices = action.gpus
             rec.start = rec.start or self.now()
-            self._set(rec, "running", "running")
+            self.set(rec, "running", JobState.RUNNING)
             launch, gpus, fresh = self.launches[job], action.gpus, isinstance(action, A.Place)
 
             def do() -> Future | None:
@@ -716,22 +516,22 @@ class LocalBackend:
                     return agent.start(job, launch, gpus)
                 return None  # it finished meanwhile; its Departure is on its way
         elif isinstance(action, (A.Suspend, A.Unpack)):
-            self._set(rec, "suspended", "suspended")
+            self.set(rec, "suspended", JobState.SUSPENDED)
             do = partial(agent.suspend, job)
         elif isinstance(action, (A.Migrate, A.Grow, A.Shrink)):
             rec.devices = action.gpus
-            self._set(rec, "migrated" if isinstance(action, A.Migrate) else "resized")
+            self.set(rec, "migrated" if isinstance(action, A.Migrate) else "resized")
             do = partial(agent.restart, job, action.gpus)
         elif isinstance(action, A.Kill):
             rec.reason = "killed"
             rec.finish = self.now()
-            self._set(rec, "failed", "failed")
+            self.set(rec, "failed", JobState.FAILED)
             do = partial(agent.kill, job)
         else:
             raise TypeError(f"the local backend cannot carry out {action!r}")
-        self._send(job, action, do, (*before, *rec.devices))
+        self.send(job, action, do, (*before, *rec.devices))
 
-    def _send(self, job: str, what: object, do: Callable[[], Future | None],
+    def send(self, job: str, what: object, do: Callable[[], Future | None],
               devices: tuple[int, ...]) -> None:
         """Give the node ``do`` (an action, or a user's request), after the job's earlier
         ones and after whatever was using ``devices``."""
@@ -761,6 +561,7 @@ class LocalBackend:
         seconds = ev.data["seconds"]
         if isinstance(what, A.Action):
             self.actions.append((sent, what, seconds))
+            self.counts[COUNTED[type(what)]] += 1
             self.observer.action(what, seconds)
         batch = self._batches.pop(task, None)
         if batch is not None:
@@ -774,15 +575,15 @@ class LocalBackend:
             # as it would had its process died, rather than the loop
             rec.finish = self.now()
             rec.reason = f"its node could not {named(what)} it: {error}"
-            self._set(rec, "failed", "failed")
+            self.set(rec, "failed", JobState.FAILED)
             state = self.cluster.jobs.get(job)
             if state is not None and state.status not in (JobStatus.DONE, JobStatus.KILLED):
-                self._handle(E.Departure(self.now(), job, how="failed"))
+                self.handle(E.Departure(self.now(), job, how="failed"))
         if self.inflight.get(job) is task:  # its latest: the job's transition is over
             del self.inflight[job]
             self.overdue.discard(job)
             if job in self.cluster.transitions:
-                self._handle(E.Confirmed(self.now(), job))
+                self.handle(E.Confirmed(self.now(), job))
 
     def _check_overdue(self) -> None:
         """An action its node has not carried out within ACTION_DEADLINE_S is a failure of
@@ -797,7 +598,7 @@ class LocalBackend:
             rec = self.records[job]
             rec.reason = (f"its node has not carried out {named(what)} for "
                           f"{ACTION_DEADLINE_S:g} s; its devices wait for it")
-            self._set(rec, "action-overdue")
+            self.set(rec, "action-overdue")
             self.observer.overdue(what)
 
     # ---- the timeline -------------------------------------------------------------------
@@ -805,11 +606,9 @@ class LocalBackend:
         """Close and open timeline segments where who is on a device, or whether it is
         shared, changed (on the devices the state says were touched: not a scan of all)."""
         now, gpus, touched = self.now(), self.cluster.gpus, self.cluster.touched
-        if len(self._on) < len(gpus):  # a node joined
-            self._on.extend([] for _ in range(len(gpus) - len(self._on)))
+        self.seen.track(touched)
         for g in touched:
             jobs = gpus[g].jobs
-            self._on[g] = sorted(jobs)  # a new list: snapshots keep the old one
             live = {j: len(jobs) > 1 for j in jobs}
             open_here = self._open.setdefault(g, {})
             for j, (start, shared) in list(open_here.items()):

@@ -54,9 +54,9 @@ for _key, _value in {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
 import ray  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
-from gandiva.runtime import checkpoint  # noqa: E402
-from gandiva.runtime.agent import Agent, AgentEvent, Gang, Launch  # noqa: E402
-from gandiva.runtime.local import detect_devices  # noqa: E402
+from gandiva.backends.driver import detect_devices  # noqa: E402
+from gandiva.job import checkpoint  # noqa: E402
+from gandiva.node.agent import Agent, AgentEvent, Gang, Launch  # noqa: E402
 from gandiva.state import GPU, Cluster, Node  # noqa: E402
 
 POLL_S = 1.0  # a node agent's long poll for events

@@ -34,7 +34,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from gandiva.runtime.agent import AgentEvent, Launch
+from gandiva.job import wire
+from gandiva.node.agent import AgentEvent, Launch
 from gandiva.sim.perf import PerfModel, default_perf_model
 from gandiva.state import Cluster
 
@@ -62,7 +63,7 @@ class _Job:
 
 class HollowNodes:
     """``servers`` hollow servers of ``gpus`` GPUs of ``gpu_type``: the ``Nodes`` interface
-    (see ``gandiva.runtime.nodes``), with no processes."""
+    (see ``gandiva.backends.nodes``), with no processes."""
 
     def __init__(self, servers: int, gpus: int = 8, gpu_type: str = "V100",
                  perf: PerfModel | None = None, seed: int = 0) -> None:
@@ -262,6 +263,6 @@ class HollowNodes:
 
     def _profile(self, job: _Job, step: int) -> None:
         prof = self.perf.profile(job.model)
-        self.events.put(AgentEvent("profile", job.id, {
-            "step": step, "mini_batch_time": 1.0 / self._rate(job),
-            "memory_gb": prof.memory_gb, "utilization": prof.utilization, "metrics": {}}))
+        self.events.put(AgentEvent("profile", job.id, wire.Profile(
+            step, mini_batch_time=1.0 / self._rate(job), memory_gb=prof.memory_gb,
+            utilization=prof.utilization)))

@@ -23,7 +23,6 @@ a restart.
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import selectors
@@ -37,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gandiva.runtime import torchrun
+from gandiva.job import wire
+from gandiva.node import torchrun
 
 MAX_RESTARTS = 3  # torchrun's --max-restarts: enough for a transient fault, not a crash loop
 ACK_TIMEOUT_S = 60.0  # a suspend waits for the next mini-batch boundary at most this long
@@ -74,11 +74,13 @@ class Gang:
 @dataclass
 class AgentEvent:
     """What the agent reports: ``started``, ``profile``, ``done``, ``failed``,
-    ``restarted``; and ``crashed`` for a part of a gang (see ``Gang``)."""
+    ``restarted``; and ``crashed`` for a part of a gang (see ``Gang``). ``data``: the job's
+    own report for ``started`` and ``profile`` (``wire.Started``, ``wire.Profile``), else a
+    dict."""
 
     kind: str
     job_id: str
-    data: dict = field(default_factory=dict)
+    data: Any = field(default_factory=dict)
     time: float = field(default_factory=time.monotonic)
 
 
@@ -106,7 +108,7 @@ class _Job:
     restarts: int = 0
     step: int = 0
     acks: dict[str, threading.Event] = field(default_factory=dict)
-    replies: dict[str, dict] = field(default_factory=dict)
+    replies: dict[str, wire.Report] = field(default_factory=dict)  # "suspended:0" -> it
     gang: Gang | None = None  # a part of a gang over several nodes
     store: Any = None  # the rendezvous store its ranks meet at, if this part hosts it
 
@@ -191,7 +193,7 @@ class Agent:
         job = self._job(job_id)
         if job is None:
             return
-        if job.aware and self._command(job, lambda r: {"op": "suspend"}, "suspended"):
+        if job.aware and self._command(job, lambda r: wire.Suspend(), wire.Suspended):
             job.suspended = True
             return
         # not (or not yet) speaking the protocol, or a mini-batch longer than the timeout:
@@ -209,7 +211,7 @@ class Agent:
             job.suspended = job.signalled = False
             if job.aware:
                 for r in job.ranks:
-                    self._send(r, {"op": "resume", "device": self._device_name(job, r)})
+                    self._send(r, wire.Resume(self._device_name(job, r)))
             if tuple(devices) != job.devices and self.gpu:
                 # an unmodified script cannot change GPU in place; it stays where it was
                 self._log(job, f"resumed on its old devices {job.devices}, not {devices}")
@@ -222,8 +224,7 @@ class Agent:
             self.restart(job_id, devices)
             return
         job.devices = tuple(devices)
-        self._command(job, lambda r: {"op": "resume", "device": self._device_name(job, r)},
-                      "resumed")
+        self._command(job, lambda r: wire.Resume(self._device_name(job, r)), wire.Resumed)
         job.suspended = False
 
     def restart(self, job_id: str, devices: tuple[int, ...]) -> None:
@@ -246,7 +247,7 @@ class Agent:
             if job.signalled:
                 self._signal(job, signal.SIGCONT)
             for r in job.ranks:  # a job suspended by the library takes it while blocked
-                self._send(r, {"op": "checkpoint", "exit": True})
+                self._send(r, wire.Checkpoint(exit=True))
             if self._wait_exit(job, ACK_TIMEOUT_S):
                 return
         self._terminate(job)
@@ -335,8 +336,7 @@ class Agent:
                 proc, ours, fd = warm
                 env["GANDIVA_CONTROL_FD"] = str(fd)
                 ours.setblocking(True)
-                ours.sendall((json.dumps({"argv": command[1:], "env": env, "cwd": cwd,
-                                          "log": str(log_path)}) + "\n").encode())
+                ours.sendall(wire.encode(wire.Become(command[1:], env, cwd, str(log_path))))
             else:
                 ours, theirs = socket.socketpair()
                 env["GANDIVA_CONTROL_FD"] = str(theirs.fileno())
@@ -399,7 +399,7 @@ class Agent:
             env = {**os.environ, "GANDIVA_CONTROL_FD": str(theirs.fileno())}
             with open(self.workdir / "warm.log", "ab") as log:
                 proc = subprocess.Popen(
-                    [self.python, "-u", "-m", "gandiva.runtime.warm"], env=env, stdout=log,
+                    [self.python, "-u", "-m", "gandiva.job.warm"], env=env, stdout=log,
                     stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),),
                     start_new_session=True, cwd=self.workdir)
             self._pool.append((proc, ours, theirs.fileno()))
@@ -450,10 +450,10 @@ class Agent:
             raise AgentError(f"no job {job_id!r} on this agent")
         return job
 
-    def _send(self, r: _Rank, msg: dict) -> None:
+    def _send(self, r: _Rank, command: wire.Command) -> None:
         try:
             r.sock.setblocking(True)
-            r.sock.sendall((json.dumps(msg) + "\n").encode())
+            r.sock.sendall(wire.encode(command))
         except OSError:
             pass  # it died; the exit is noticed by the loop
         finally:
@@ -462,8 +462,10 @@ class Agent:
             except OSError:
                 pass
 
-    def _command(self, job: _Job, msg, ack: str) -> bool:
-        """Send ``msg(rank)`` to every rank and wait for their ``ack``; False on timeout."""
+    def _command(self, job: _Job, msg, reply: type) -> bool:
+        """Send ``msg(rank)`` to every rank and wait for their ``reply`` (a report type);
+        False on timeout."""
+        ack = reply.ev
         with self._lock:
             for r in job.ranks:  # forget a late ack of an earlier command
                 job.acks.pop(f"{ack}:{r.rank}", None)
@@ -506,25 +508,25 @@ class Agent:
                 r.buf += chunk
                 while b"\n" in r.buf:
                     line, r.buf = r.buf.split(b"\n", 1)
-                    self._on_message(job, r, json.loads(line))
+                    self._on_message(job, r, wire.report(line))
             self._reap()
 
-    def _on_message(self, job: _Job, r: _Rank, msg: dict) -> None:
-        ev = msg.get("ev")
+    def _on_message(self, job: _Job, r: _Rank, msg: wire.Report) -> None:
+        first = job.first + r.rank == 0  # what a gang reports, its global rank 0 says
         with self._lock:
-            if ev == "hello":
+            if isinstance(msg, wire.Hello):
                 job.aware = True
-            elif ev == "profile" and job.first + r.rank == 0:
-                job.step = msg["step"]
+            elif isinstance(msg, wire.Profile) and first:
+                job.step = msg.step
                 self.events.put(AgentEvent("profile", job.id, msg))
-            elif ev == "done":
+            elif isinstance(msg, wire.Done):
                 job.done = True
-                job.step = msg["step"]
-            elif ev == "started" and job.first + r.rank == 0:
+                job.step = msg.step
+            elif isinstance(msg, wire.Started) and first:
                 self.events.put(AgentEvent("started", job.id, msg))
-            elif ev in ("suspended", "resumed", "checkpointed"):
-                job.replies[f"{ev}:{r.rank}"] = msg
-                job.acks.setdefault(f"{ev}:{r.rank}", threading.Event()).set()
+            elif isinstance(msg, wire.Suspended | wire.Resumed | wire.Checkpointed):
+                job.replies[f"{msg.ev}:{r.rank}"] = msg
+                job.acks.setdefault(f"{msg.ev}:{r.rank}", threading.Event()).set()
 
     def _reap(self) -> None:
         with self._lock:

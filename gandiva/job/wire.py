@@ -40,10 +40,29 @@ class Checkpoint:
     op: ClassVar[str] = "checkpoint"
 
 
-Command = Suspend | Resume | Checkpoint
+@dataclass(frozen=True)
+class Become:
+    """(To a warm process, ``gandiva.job.warm``.) Become this job: run ``argv`` with ``env``
+    in ``cwd``, writing to ``log``. What follows on the channel is the job's."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    log: str
+    op: ClassVar[str] = "become"
+
+
+Command = Suspend | Resume | Checkpoint | Become
 
 
 # ---- reports: job -> agent ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Ready:
+    """(From a warm process.) Warmed up: it can become a job."""
+
+    ev: ClassVar[str] = "ready"
+
+
 @dataclass(frozen=True)
 class Hello:
     """The job speaks this protocol (it imported the job library)."""
@@ -56,7 +75,7 @@ class Hello:
 @dataclass(frozen=True)
 class Started:
     step: int
-    restored: str | None  # the checkpoint it restored from, if any
+    restored: int | None  # the step of the checkpoint it restored from, if any
     ev: ClassVar[str] = "started"
 
 
@@ -101,10 +120,11 @@ class Done:
     ev: ClassVar[str] = "done"
 
 
-Report = Hello | Started | Profile | Suspended | Resumed | Checkpointed | Done
+Report = Ready | Hello | Started | Profile | Suspended | Resumed | Checkpointed | Done
 
-COMMANDS = {c.op: c for c in (Suspend, Resume, Checkpoint)}
-REPORTS = {r.ev: r for r in (Hello, Started, Profile, Suspended, Resumed, Checkpointed, Done)}
+COMMANDS = {c.op: c for c in (Suspend, Resume, Checkpoint, Become)}
+REPORTS = {r.ev: r for r in (Ready, Hello, Started, Profile, Suspended, Resumed, Checkpointed,
+                              Done)}
 
 
 def encode(message: Command | Report) -> bytes:

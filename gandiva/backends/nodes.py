@@ -1,8 +1,8 @@
 """What the scheduler's body asks of the machines that run jobs: the ``Nodes`` interface.
 
-``LocalBackend`` drives jobs through this and nothing else. Three implementations:
-- ``agent.Agent``: this machine's devices, real training processes (the default);
-- ``ray_backend.RayNodes``: one agent per Ray node, many machines;
+``Driver`` drives jobs through this and nothing else. Three implementations:
+- ``gandiva.node.agent.Agent``: this machine's devices, real training processes (the default);
+- ``ray.RayNodes``: one agent per Ray node, many machines;
 - ``hollow.HollowNodes``: servers with no processes, for measuring the control plane at scale.
 
 Every action may block (a suspend waits for the job's next mini-batch boundary) until done, or
@@ -18,7 +18,7 @@ from collections.abc import Collection
 from concurrent.futures import Future
 from typing import Protocol
 
-from gandiva.runtime.agent import AgentEvent, Launch
+from gandiva.node.agent import AgentEvent, Launch
 from gandiva.state import Cluster
 
 

@@ -3,7 +3,7 @@ at the end of each optimizer step, through the Trainer's own checkpoints.
 
 The one changed line of a script::
 
-    from gandiva.runtime.integrations import hf
+    from gandiva.job.integrations import hf
     hf.train(trainer)                 # was: trainer.train()
 
 ``train`` adds ``GandivaCallback`` and calls ``trainer.train(resume_from_checkpoint=...)``
@@ -22,6 +22,7 @@ save schedule asked for it at that step.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-import gandiva.runtime.job as gj
-from gandiva.runtime import checkpoint
+import gandiva.job as gj
+from gandiva.job import checkpoint, wire
 
 KEY = "transformers_checkpoint"
 
@@ -104,8 +105,8 @@ class GandivaCallback(TrainerCallback):
                         * args.gradient_accumulation_steps)
         command = self.job.next_command()
         if state.global_step >= state.max_steps and command is None:
-            command = {"op": "checkpoint", "exit": False, "periodic": True}  # the last one
-        while command is not None and command["op"] != "checkpoint":
+            command = wire.Checkpoint(periodic=True)  # the last one
+        while command is not None and not isinstance(command, wire.Checkpoint):
             command = self.job.obey(command)  # a suspend (waits here), or a stray resume
         if command is not None:  # the Trainer writes it next, then calls on_save
             self.pending, self.theirs = command, control.should_save
@@ -120,11 +121,11 @@ class GandivaCallback(TrainerCallback):
         mine = not self.theirs
         self.job.writer = lambda scratch: pack(folder, scratch) if self.job.rank == 0 else None
         try:
-            self.job.obey({**command, "exit": False})  # saves through the writer
+            self.job.obey(dataclasses.replace(command, exit=False))  # saves through the writer
         finally:
             if mine and self.job.rank == 0:
                 shutil.rmtree(folder, ignore_errors=True)
-        if command.get("exit"):
+        if command.exit:
             self.job.exit()
         return control
 

@@ -11,11 +11,12 @@ as ``__main__``. It never touches CUDA before that, so CUDA_VISIBLE_DEVICES stil
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
 import socket
 import sys
+
+from gandiva.job import wire
 
 
 def warm_up() -> None:
@@ -23,7 +24,7 @@ def warm_up() -> None:
     optimizer pulls in lazily (about 1 s here, torch._dynamo among it)."""
     import torch
 
-    import gandiva.runtime.job  # noqa: F401
+    import gandiva.job  # noqa: F401
 
     layer = torch.nn.Linear(4, 4)
     for opt in (torch.optim.SGD(layer.parameters(), lr=0.1, momentum=0.9),
@@ -38,7 +39,7 @@ def main() -> None:
     warm_up()
 
     sock = socket.socket(fileno=fd)
-    sock.sendall(b'{"ev": "ready"}\n')
+    sock.sendall(wire.encode(wire.Ready()))
     line = b""
     while not line.endswith(b"\n"):  # byte by byte: what follows belongs to the job
         try:
@@ -49,17 +50,18 @@ def main() -> None:
             sys.exit(0)  # the agent closed the pool
         line += c
     sock.detach()  # the fd stays open: it is the job's control channel now
-    go = json.loads(line)
-    log = os.open(go["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    go = wire.command(line)
+    assert isinstance(go, wire.Become), go
+    log = os.open(go.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(log, 1)  # from here on, errors go to the job's own log
     os.dup2(log, 2)
     os.close(log)
     os.environ.clear()
-    os.environ.update(go["env"])
-    os.chdir(go["cwd"])
-    sys.argv = go["argv"]
-    sys.path[0] = os.path.dirname(os.path.abspath(go["argv"][0]))
-    runpy.run_path(go["argv"][0], run_name="__main__")
+    os.environ.update(go.env)
+    os.chdir(go.cwd)
+    sys.argv = go.argv
+    sys.path[0] = os.path.dirname(os.path.abspath(go.argv[0]))
+    runpy.run_path(go.argv[0], run_name="__main__")
 
 
 if __name__ == "__main__":

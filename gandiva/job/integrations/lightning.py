@@ -17,7 +17,7 @@ its beginning and says so (its rule, not ours).
 
 Checkpoints are Lightning's ``.ckpt`` format, written by ``Trainer.save_checkpoint`` on every
 rank (Lightning's strategy picks the writer) and committed by rank 0 under the job library's
-name and checksum (``gandiva.runtime.checkpoint``): a ``.ckpt`` that ``torch.load`` and
+name and checksum (``gandiva.job.checkpoint``): a ``.ckpt`` that ``torch.load`` and
 ``Trainer.fit(ckpt_path=...)`` open anywhere, and that gandiva moves between nodes as any.
 """
 
@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
 
-import gandiva.runtime.job as gj
-from gandiva.runtime import checkpoint
+import gandiva.job as gj
+from gandiva.job import checkpoint
 
 # Lightning's words when fit() takes "last" from a fault-tolerance callback and when there is
 # no checkpoint yet: both are the expected case under gandiva, not the user's mistake

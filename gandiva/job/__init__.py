@@ -1,6 +1,6 @@
 """The job library: what a training script imports.
 
-    import gandiva.runtime.job as gj
+    import gandiva.job as gj
 
     job = gj.init()                                  # torchrun-style env: RANK, WORLD_SIZE...
     model = Net().to(job.device)
@@ -28,7 +28,7 @@ In a gang, the ranks act at the same boundary: they agree through one small all-
 CPU-capable group (``distributed``), at most every ``AGREE_EVERY_S``. A script that makes its
 own process group (torchrun style) keeps it: the library adopts it.
 
-Loops that are not ours (Lightning, the HF Trainer: ``gandiva.runtime.integrations``) call
+Loops that are not ours (Lightning, the HF Trainer: ``gandiva.job.integrations``) call
 ``started``, ``boundary`` (or ``next_command`` and ``obey``) and ``finish`` from the
 framework's hooks, and checkpoint through the framework's own save (``writer``).
 
@@ -38,7 +38,6 @@ checkpoints to ``GANDIVA_CHECKPOINT_DIR`` and restores from it, if that is set.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import resource
@@ -49,7 +48,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from gandiva.runtime import checkpoint
+from gandiva.job import checkpoint, wire
 
 REPORT_INTERVAL_S = 1.0  # profile messages are batched: one a second at most
 # A gang agrees on commands (one all-reduce, ~1 ms through gloo on 2 cores) at the first
@@ -143,7 +142,7 @@ class Job:
         """Tell the agent this rank obeys commands at its boundaries. Decision: a gang's
         ranks say so only once the gang has met, so that the agent never has some of them
         obeying and others (still meeting) stopped by signal."""
-        self._send(ev="hello", pid=os.getpid(), rank=self.rank)
+        self._send(wire.Hello(os.getpid(), self.rank))
 
     # ---- state --------------------------------------------------------------------------
     def register(self, **objects: Any) -> None:
@@ -261,7 +260,7 @@ class Job:
     # what ``steps`` does, for loops that are not ours (the framework integrations)
     def started(self) -> None:
         """Training begins (after any restore): the agent may steer the job from here on."""
-        self._send(ev="started", step=self.step, restored=self.restored_from)
+        self._send(wire.Started(self.step, self.restored_from))
 
     def boundary(self) -> None:
         """A mini-batch has ended: a safe point, where the job obeys the agent."""
@@ -275,14 +274,14 @@ class Job:
         self._flush_report(force=True)
         if save and self.checkpoint_dir is not None:
             self.save()
-        self._send(ev="done", step=self.step)
+        self._send(wire.Done(self.step))
 
     def report(self, samples: int = 0, **metrics: float) -> None:
         """Count ``samples`` for the throughput and keep the latest ``metrics`` (e.g. loss)."""
         self._window_samples += samples
         self.metrics.update({k: float(v) for k, v in metrics.items()})
 
-    def next_command(self) -> dict[str, Any] | None:
+    def next_command(self) -> wire.Command | None:
         """Count the mini-batch that just ended, and say what the job must do at this
         boundary (the same on every rank), if anything: the agent's command, or a periodic
         checkpoint. ``boundary`` obeys it at once; an integration whose framework must
@@ -297,39 +296,37 @@ class Job:
         if self._pg is not None:  # the ranks of a gang act at the same boundary
             command, due = self._agree(command, due)
         if command is None and due:
-            command = {"op": "checkpoint", "exit": False, "periodic": True}
+            command = wire.Checkpoint(periodic=True)
         return command
 
-    def obey(self, command: dict[str, Any]) -> dict[str, Any] | None:
+    def obey(self, command: wire.Command) -> wire.Command | None:
         """Carry out ``command``; the next one, if the agent sent it while the job waited
         (a suspended job may be told to checkpoint and stop instead of resuming)."""
-        op = command["op"]
-        if op == "checkpoint":
+        if isinstance(command, wire.Checkpoint):
             path = self.save()
-            if not command.get("periodic"):
-                self._send(ev="checkpointed", step=self.step, path=str(path) if path else None)
-            if command.get("exit"):
+            if not command.periodic:
+                self._send(wire.Checkpointed(self.step, str(path) if path else None))
+            if command.exit:
                 self.exit()
             return None
-        if op == "resume":  # one that crossed a signal-based suspend: already running
-            return None
-        if op == "suspend":
+        if isinstance(command, wire.Resume):  # one that crossed a signal-based suspend
+            return None  # (already running)
+        if isinstance(command, wire.Suspend):
             t0 = time.perf_counter()
             self._to("cpu")
-            self._send(ev="suspended", step=self.step, seconds=time.perf_counter() - t0)
+            self._send(wire.Suspended(self.step, time.perf_counter() - t0))
             command = self._wait()  # blocked until the agent says what next
-            if command["op"] == "resume":
+            if isinstance(command, wire.Resume):
                 t0 = time.perf_counter()
-                self.device = self._use_device(command["device"])
+                self.device = self._use_device(command.device)
                 self._to(self.device)
-                self._send(ev="resumed", step=self.step, device=command["device"],
-                           seconds=time.perf_counter() - t0)
+                self._send(wire.Resumed(self.step, command.device, time.perf_counter() - t0))
                 self._window_start = time.perf_counter()
                 self._window_steps = self._window_samples = 0
                 self._window_cpu = time.process_time()
                 return None
             return command
-        raise ValueError(f"unknown command {op!r}")
+        raise ValueError(f"unknown command {command!r}")
 
     def _to(self, device) -> None:
         """Move the registered state between the device and host memory."""
@@ -350,10 +347,10 @@ class Job:
             torch.cuda.empty_cache()
 
     # ---- the channel --------------------------------------------------------------------
-    def _send(self, **msg: Any) -> None:
+    def _send(self, message: wire.Report) -> None:
         if self._sock is None:
             return
-        data = (json.dumps(msg) + "\n").encode()
+        data = wire.encode(message)
         self._sock.setblocking(True)
         try:
             self._sock.sendall(data)
@@ -378,7 +375,7 @@ class Job:
         if b"\n" not in self._buf:
             return None
         line, self._buf = self._buf.split(b"\n", 1)
-        return json.loads(line)
+        return wire.command(line)
 
     def _wait(self) -> dict[str, Any]:
         while True:
@@ -394,7 +391,7 @@ class Job:
                 self._agent_gone()
             self._buf += chunk
 
-    def _agree(self, command: dict[str, Any] | None, due: bool):
+    def _agree(self, command: wire.Command | None, due: bool):
         """All ranks act at the same boundary: if any rank has a command, all wait for theirs
         (the agent sends it to every rank); if any rank's checkpoint is due, all take it."""
         import torch
@@ -435,10 +432,11 @@ class Job:
                 elapsed < REPORT_INTERVAL_S and not force):
             return
         cpu = time.process_time() - self._window_cpu
-        self._send(ev="profile", step=self.step, mini_batch_time=elapsed / self._window_steps,
-                   samples_per_s=self._window_samples / elapsed if elapsed else 0.0,
-                   memory_gb=self._memory_gb(), utilization=self._utilization(cpu, elapsed),
-                   metrics=self.metrics)
+        self._send(wire.Profile(
+            self.step, mini_batch_time=elapsed / self._window_steps,
+            memory_gb=self._memory_gb(), utilization=self._utilization(cpu, elapsed),
+            samples_per_s=self._window_samples / elapsed if elapsed else 0.0,
+            metrics=dict(self.metrics)))
         self._window_start = now
         self._window_steps = self._window_samples = 0
         self._window_cpu = time.process_time()

@@ -3,7 +3,7 @@
 - ``lightning``: PyTorch Lightning, with no change to the script (the callback is found
   through Lightning's ``lightning.pytorch.callbacks_factory`` entry point when a job runs
   under gandiva) or as ``Trainer(callbacks=[GandivaCallback()])``.
-- ``hf``: Hugging Face ``transformers.Trainer``: ``gandiva.runtime.integrations.hf.train(
+- ``hf``: Hugging Face ``transformers.Trainer``: ``gandiva.job.integrations.hf.train(
   trainer)`` in place of ``trainer.train()``.
 
 Both install with ``pip install 'gandiva[integrations]'``. Each turns the framework's
