@@ -403,9 +403,10 @@ def server(
     for stop in (signal.SIGTERM, signal.SIGINT):
         signal.signal(stop, lambda signum, frame: log.info("stopping on signal %d", signum))
     # an API thread reading rows releases the GIL at every row and waits to get it back from
-    # the scheduler's loop, busy in a round, for up to the switch interval each time: at the
-    # default 5 ms a page of 50 jobs waited ~300 ms (benchmarks/scale.py); at 1 ms it waits
-    # a fifth of that, for a little more switching in the loop
+    # the scheduler's loop, busy in a round, for up to the switch interval each time. Measured
+    # with benchmarks/scale.py at 100 servers, a page of 50 jobs' p99 in rounds: 49 ms at the
+    # default 5 ms, 27 ms at 1 ms (one run each); submissions/s did not change beyond their
+    # run-to-run spread (api_load.py: 300-460 either way)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         # open streams (logs -f, the event stream) get GRACE_S to end, then are cut: they
