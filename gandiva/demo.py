@@ -28,7 +28,7 @@ DEMO_QUANTUM_S = 5.0
 
 
 def examples_dir() -> Path:
-    here = Path(__file__).resolve().parents[2] / "examples"
+    here = Path(__file__).resolve().parents[1] / "examples"
     if not (here / "cnn.py").exists():
         raise FileNotFoundError(f"the demo needs the example scripts in {here}; run it from a "
                                 "checkout of the gandiva repository")

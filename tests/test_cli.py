@@ -347,3 +347,22 @@ def test_server_logs_as_json_are_one_object_per_line_with_level_and_logger():
     entry = json.loads(line)
     assert (entry["level"], entry["logger"], entry["message"]) == (
         "info", "gandiva.server", "taking up 3 jobs")
+
+
+def test_the_demo_runs_real_jobs_under_each_policy_and_gandiva_takes_turns(tmp_path):
+    """The README's first command, small: a search of real PyTorch jobs, more jobs than
+    slots, under fifo and gandiva; every job ends, and a summary per policy is written."""
+    out = tmp_path / "demo.json"
+    proc = subprocess.run([str(GANDIVA), "demo", "--jobs", "4", "--slots", "2", "--steps",
+                           "150", "--quantum", "1", "--out", str(tmp_path / "run"), "--json",
+                           str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summaries = json.loads(out.read_text())
+    assert set(summaries) == {"fifo", "gandiva:quantum=1"}
+    for s in summaries.values():
+        assert s["jobs"] == s["finished"] == 4 and s["failed"] == 0
+        assert all(loss is not None for loss in s["final_losses"].values())
+        assert 0 < s["max_first_feedback_s"] <= s["makespan_s"]  # every job gave feedback
+    fifo, gandiva = summaries["fifo"], summaries["gandiva:quantum=1"]
+    assert fifo["suspends"] == 0 < gandiva["suspends"]  # 4 jobs on 2 slots: turns
+    assert len(list((tmp_path / "run").glob("timeline_*.png"))) == 2  # one per policy
