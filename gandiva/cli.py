@@ -253,7 +253,7 @@ def demo(
                 console.print(f"[red]{spec}: job {j.spec.id} "
                               f"failed:[/] {escape(j.reason)}")
     if json_path is not None:
-        _write_json_atomic(json_path, {spec: s for spec, (_, s) in results.items()})
+        _write_json_atomic(json_path, {spec: _json_safe(s) for spec, (_, s) in results.items()})
         console.print(f"json: {json_path}")
     if any(s["failed"] for _, s in results.values()):
         raise typer.Exit(1)

@@ -22,7 +22,7 @@ from gandiva.backends.driver import Driver, detect_devices
 from gandiva.node.agent import Launch
 from gandiva.policies import make_policy
 from gandiva.run import RunResult, outcome
-from gandiva.spec import JobSpec
+from gandiva.spec import JobSpec, JobState
 
 DEMO_QUANTUM_S = 5.0
 
@@ -67,12 +67,13 @@ def summarize(res: RunResult) -> dict[str, Any]:
     """A run's outcome (``run.outcome``), and what this machine measured of it: devices
     busy, how long a suspend took here, each job's final loss."""
     suspend_s = [d for _, a, d in res.actions if isinstance(a, A.Suspend)]
-    makespan = max((j.finish for j in res.jobs if j.finish is not None), default=0.0)
+    makespan = max((j.finish for j in res.jobs if j.status == JobState.DONE), default=0.0)
     return {
         **outcome(res),
         "makespan_s": makespan,
         "utilization": (res.busy_device_seconds() / (len(res.devices) * makespan)
                         if makespan else 0.0),
+        "suspends": res.counts.get("suspends", 0),  # unpacks apart (the table shows both)
         "unpacks": res.counts.get("unpacks", 0),
         "mean_suspend_s": sum(suspend_s) / len(suspend_s) if suspend_s else None,
         "final_losses": {j.spec.id: j.metrics.get("loss") for j in res.jobs},

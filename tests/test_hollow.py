@@ -177,3 +177,42 @@ def test_the_cluster_view_is_rebuilt_only_where_devices_changed(tmp_path):
     finally:
         backend.stop()
         loop.join(timeout=30)
+
+
+def test_a_cancel_is_on_record_before_its_node_is_told(tmp_path):
+    """A server that crashed between the two must not find the job running and bring it
+    back: the change is stored (on_flush) before the kill is handed to the node."""
+    nodes = HollowNodes(servers=1, gpus=1)
+    backend = Driver(make_policy("fifo"), tmp_path, nodes=nodes)
+    changes: list[str] = []
+    stored: list[str] = []
+    at_send: list[list[str]] = []
+    backend.on_change = lambda rec, what: changes.append(what)
+    backend.on_flush = lambda: (stored.extend(changes), changes.clear())
+    send = backend.courier.send
+
+    def spy(what, run, keys):  # the loop hands the node its kill here
+        if what[1] == "cancelled":
+            at_send.append(list(stored))
+        return send(what, run, keys)
+    backend.courier.send = spy
+    backend.submit(JobSpec("a", 0.0, 1, MODEL), hollow_launch(MODEL, 10**9))
+    loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
+    loop.start()
+    try:
+        deadline = time.monotonic() + 30
+        while "a" not in nodes.jobs:  # started on its node
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        backend.cancel("a")
+        while not at_send:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert "cancelled" in at_send[0]
+        while "a" in nodes.jobs:  # and the node did stop it
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert backend.records["a"].status == "cancelled"
+    finally:
+        backend.stop()
+        loop.join(timeout=30)

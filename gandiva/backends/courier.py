@@ -104,8 +104,8 @@ class Courier:
     def _submit(self, task: Task) -> None:
         try:
             self._pool.submit(self._run, task)
-        except RuntimeError:  # closed: what is left is not carried out (the nodes close too)
-            pass
+        except RuntimeError as e:  # closed: it is not carried out, and says so
+            self._end(task, e)
 
     def pending(self) -> int:
         """Tasks sent and not ended (waiting or running)."""

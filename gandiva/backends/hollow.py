@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import queue
 import random
 import threading
@@ -39,6 +40,7 @@ from gandiva.node.agent import AgentEvent, Launch
 from gandiva.sim.perf import PerfModel, default_perf_model
 from gandiva.state import Cluster
 
+log = logging.getLogger("gandiva.hollow")
 START_S = 1.0  # decision: a warm process's start; the agent's warm pool keeps it near this
 FIRST_PROFILE_STEPS = 20  # as the simulator: a profile once the job has warmed up
 PROFILE_EVERY_S = 60.0  # then, while it runs, as the local backend stores them
@@ -187,9 +189,11 @@ class HollowNodes:
             self._closed = True
             self._wake.notify()
         self._thread.join(timeout=5)
-        for _, _, kind, what in self._timers:  # actions never carried out: say so
-            if kind == "act":
-                what[1].cancel()
+        with self._lock:
+            left = [what[1] for _, _, kind, what in self._timers if kind == "act"]
+            self._timers.clear()
+        for future in left:  # actions never carried out: say so
+            future.cancel()
 
     # ---- progress (under the lock) ------------------------------------------------------
     def _later(self, delay: float, then: Callable[[], None]) -> Future:
@@ -197,6 +201,9 @@ class HollowNodes:
         after it, or with its error."""
         done: Future = Future()
         with self._lock:
+            if self._closed:  # nobody would carry it out
+                done.cancel()
+                return done
             heapq.heappush(self._timers, (time.monotonic() + delay, next(self._seq), "act",
                                           (then, done)))
             self._wake.notify()
@@ -217,8 +224,8 @@ class HollowNodes:
 
     def _forget(self, job: _Job) -> None:
         self._pause(job)
+        self.ended.add(job.id)  # first: a reader never sees it in neither
         self.jobs.pop(job.id, None)
-        self.ended.add(job.id)
 
     def _timer(self, at: float, job: _Job, kind: str) -> None:
         heapq.heappush(self._timers, (at, next(self._seq), kind, (job.id, job.version)))
@@ -241,18 +248,10 @@ class HollowNodes:
                         except Exception as e:  # noqa: BLE001 - the action's error
                             acted.append((future, e))
                         continue
-                    job_id, version = what
-                    job = self.jobs.get(job_id)
-                    if job is None or job.version != version or job.since is None:
-                        continue
-                    step = job.done + (now - job.since) * self._rate(job)
-                    if kind == "done":
-                        self.jobs.pop(job_id)
-                        self.ended.add(job_id)
-                        self.events.put(AgentEvent("done", job_id, {"step": int(job.steps)}))
-                    else:
-                        self._profile(job, int(step))
-                        self._timer(now + PROFILE_EVERY_S, job, "profile")
+                    try:  # one job's trouble must not stop every node's clock
+                        self._progress(kind, *what, now)
+                    except Exception:  # noqa: BLE001
+                        log.exception("hollow nodes: %s of job %s", kind, what[0])
                 if not acted:
                     self._wake.wait(self._timers[0][0] - now if self._timers else None)
             for future, error in acted:  # outside the lock: the courier goes on from here
@@ -260,6 +259,18 @@ class HollowNodes:
                     future.set_result(None)
                 else:
                     future.set_exception(error)
+
+    def _progress(self, kind: str, job_id: str, version: int, now: float) -> None:
+        job = self.jobs.get(job_id)
+        if job is None or job.version != version or job.since is None:
+            return  # a timer set before the job last changed
+        if kind == "done":
+            self.ended.add(job_id)  # first: a reader never sees it in neither
+            self.jobs.pop(job_id)
+            self.events.put(AgentEvent("done", job_id, {"step": int(job.steps)}))
+        else:
+            self._profile(job, int(job.done + (now - job.since) * self._rate(job)))
+            self._timer(now + PROFILE_EVERY_S, job, "profile")
 
     def _profile(self, job: _Job, step: int) -> None:
         prof = self.perf.profile(job.model)

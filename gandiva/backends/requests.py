@@ -59,8 +59,8 @@ class Requests:
         if what == "cancel":
             self.end(job_id, JobState.CANCELLED, "cancelled")
         elif what == "hold" and rec.status != JobState.HELD:
+            d.set(rec, "held", JobState.HELD)  # on record before its node is told
             self._withdraw(job_id, how="held")
-            d.set(rec, "held", JobState.HELD)
         elif what == "release" and rec.status == JobState.HELD:
             d.requeue(dataclasses.replace(rec.spec, submit_time=d.now()))
             d.set(rec, "released", JobState.QUEUED)
@@ -89,10 +89,12 @@ class Requests:
         """Stop the job for good, in ``state`` for ``reason``."""
         d = self.driver
         rec = d.records[job_id]
-        self._withdraw(job_id, how=state)
         rec.finish = d.now()
         rec.reason = reason
+        # on record before its node is told: a server that crashes in between must not
+        # bring a cancelled job back
         d.set(rec, state, state)
+        self._withdraw(job_id, how=state)
 
     def _withdraw(self, job_id: str, how: str) -> None:
         """Take the job out of the arrivals, its node and the cluster state: held jobs

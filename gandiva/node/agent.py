@@ -508,7 +508,12 @@ class Agent:
                 r.buf += chunk
                 while b"\n" in r.buf:
                     line, r.buf = r.buf.split(b"\n", 1)
-                    self._on_message(job, r, wire.report(line))
+                    try:
+                        msg = wire.report(line)
+                    except (ValueError, TypeError) as e:  # not ours: skipped, not fatal
+                        self._log(job, f"not a gandiva report, ignored: {e}")
+                        continue
+                    self._on_message(job, r, msg)
             self._reap()
 
     def _on_message(self, job: _Job, r: _Rank, msg: wire.Report) -> None:
