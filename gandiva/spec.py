@@ -21,10 +21,6 @@ class JobState(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
-    @property
-    def ended(self) -> bool:
-        return self in TERMINAL
-
 
 TERMINAL = frozenset({JobState.DONE, JobState.FAILED, JobState.CANCELLED})
 

@@ -39,7 +39,7 @@ class Seen:
     cluster: Cluster
     policy: object
     names: list[str]  # device names
-    snapshot: Snapshot | None = None
+    snapshot: Snapshot = field(init=False)
     _jobs: dict[str, tuple] = field(default_factory=dict)  # each unfinished job, as of it
     _changed: set[str] | None = None  # jobs changed since it (None: any might have)
     _on: list[list[str]] = field(default_factory=list)
@@ -49,6 +49,7 @@ class Seen:
 
     def __post_init__(self) -> None:
         self._on = [[] for _ in self.cluster.gpus]
+        self.take()  # the empty cluster: readers always have a snapshot
 
     # ---- the loop's side ----------------------------------------------------------------
     def touch(self, job_id: str | None) -> None:
@@ -92,12 +93,6 @@ class Seen:
         last view is the same object in this one, so a reader can keep what it made of it."""
         seen = self.snapshot
         built = self._view
-        if seen is None:
-            return {"policy": self.policy.name, "total": len(self.names),
-                    "free": len(self.names), "queue": [], "queue_length": 0,
-                    "nodes": [{"id": n.id, "up": n.up, "time_sliced": [],
-                               "devices": [{"id": g, "name": self.names[g], "jobs": []}
-                                           for g in n.gpus]} for n in self.cluster.nodes]}
         if built is not None and built[0] is seen:
             return built[1]
         waits: dict[int, list[str]] = {}  # server -> jobs that wait their turn there
@@ -130,7 +125,7 @@ class Seen:
     def position(self, job_id: str) -> int | None:
         """The job's place in the snapshot's queue (1: next), or None."""
         job = self.cluster.jobs.get(job_id)  # (submit time, seq) never change
-        queue = self.snapshot.queue if self.snapshot else []
+        queue = self.snapshot.queue
         if job is None:
             return None
         key = (job.spec.submit_time, job.seq, job.id)
@@ -151,13 +146,12 @@ class Seen:
             return out
         seen = self.snapshot
         quantum = getattr(self.policy, "quantum", None)
-        home = seen.home.get(job_id) if seen else None
-        moving = seen.transitions.get(job_id) if seen else None
+        home = seen.home.get(job_id)
+        moving = seen.transitions.get(job_id)
         if moving is not None:
             out["transition"] = moving  # decided; its node has not confirmed it yet
         if state == JobState.RUNNING:
-            on = seen.on if seen else []
-            partners = sorted({j for g in devices if g < len(on) for j in on[g]
+            partners = sorted({j for g in devices if g < len(seen.on) for j in seen.on[g]
                                if j != job_id})
             out["reason"] = (f"running on device(s) {', '.join(map(str, devices))}"
                              + (f", packed with {', '.join(partners)}" if partners else ""))
@@ -166,7 +160,7 @@ class Seen:
                              f"{max(seen.height[s] for s in home):.1f}); it runs at its turn, "
                              f"in rounds of {quantum:g} s" if home else
                              "suspended: it waits for its turn")
-        elif seen is None or job_id not in seen.jobs:
+        elif job_id not in seen.jobs:
             out["reason"] = "submitted; the scheduler has not taken it up yet"
         else:
             _, _, want, _ = seen.jobs[job_id]

@@ -76,6 +76,8 @@ MAX_UNFINISHED_PER_USER = 10_000  # a user's jobs not yet done, failed or cancel
 PAGE_DEFAULT, PAGE_MAX = 100, 1000  # jobs per page of GET /v1/jobs
 VIEWERS_KEPT = 16  # readers whose encoded cluster views are kept (most recent first)
 MODES = {0: "idle", 1: "exclusive"}  # a device's mode by its count of jobs (more: packed)
+# what happened to a job -> the state it leaves the job in (the rest leave it as it was)
+LEAVES_IN = {**{s.value: s for s in JobState}, "released": JobState.QUEUED}
 log = logging.getLogger("gandiva.server")
 
 
@@ -438,12 +440,9 @@ class Service:
                        labels=row.spec.get("labels") or {},
                        submission_id=row.submission_id)
 
-    def cluster(self, who: Principal) -> dict[str, Any]:
-        """The backend's view, each job named, or anonymous if ``who`` may not see it."""
-        return json.loads(self.cluster_json(who))
-
     def cluster_json(self, who: Principal) -> bytes:
-        """``cluster`` encoded. Each node's part is encoded once per reader and kept while
+        """The backend's view, each job named, or anonymous if ``who`` may not see it; as
+        JSON. Each node's part is encoded once per reader and kept while
         the backend's view has the same node (see ``Driver.view``): at a thousand
         servers, building and encoding 8,000 devices at every request of every dashboard
         cost the API its latency, and between two views most nodes do not change."""
@@ -479,9 +478,7 @@ class Service:
         return f'{rest[:-1]},"nodes":[{",".join(parts)}]}}'.encode()
 
     def _persist(self, rec: JobRecord, what: str) -> None:
-        # what happened -> the state it leaves the job in (others leave it as it was)
-        state = JobState.QUEUED if what == "released" else (
-            JobState(what) if what in set(JobState) else None)
+        state = LEAVES_IN.get(what)
         data: dict[str, Any] = {"steps": rec.steps, "restarts": rec.restarts}
         if what in ("running", "migrated", "resized"):
             data["devices"] = list(rec.devices)

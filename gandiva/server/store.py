@@ -368,7 +368,7 @@ class Store:
                                        f"{c.state}")
                         continue
                     job["state"] = c.state
-                    if c.state == "running" and job["started_at"] is None:
+                    if c.state == JobState.RUNNING and job["started_at"] is None:
                         job["started_at"] = now
                     if c.state in TERMINAL:
                         job["finished_at"] = now

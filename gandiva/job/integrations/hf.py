@@ -71,7 +71,7 @@ class GandivaCallback(TrainerCallback):
 
     def __init__(self) -> None:
         self.job = gj.init()
-        self.pending: dict[str, Any] | None = None  # a checkpoint the Trainer is to write
+        self.pending: wire.Checkpoint | None = None  # a checkpoint the Trainer is to write
         self.theirs = False  # the script's own schedule saves at this step too
 
     def restore(self) -> str | None:
