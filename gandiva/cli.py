@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gandiva import cli_jobs
+from gandiva import cli_jobs, cli_sweeps
 
 app = typer.Typer(help="gandiva: a scheduler for deep-learning jobs on shared GPU clusters.",
                   no_args_is_help=True, add_completion=False)
@@ -479,6 +479,7 @@ def policies() -> None:
 
 
 cli_jobs.register(app, user_app)  # submit, jobs, show, logs, cancel, ...: a server's client
+cli_sweeps.register(app)  # metrics, sweep
 
 if __name__ == "__main__":
     app()

@@ -170,3 +170,20 @@ class Client:
 
     def whoami(self) -> dict[str, Any]:
         return self.request("GET", "/v1/whoami")
+
+    def metrics(self, job_id: str, names: list[str] | None = None, after: int = -1
+                ) -> dict[str, list[list[float]]]:
+        """The job's curves after step ``after``: metric -> [[step, value, at], ...]."""
+        params: dict[str, Any] = {"after": after}
+        if names:
+            params["names"] = ",".join(names)
+        return self.request("GET", f"/v1/jobs/{job_id}/metrics", params=params)["series"]
+
+    def submit_sweep(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self.request("POST", "/v1/sweeps", json=spec)
+
+    def sweeps(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/v1/sweeps")
+
+    def sweep(self, sweep_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/sweeps/{sweep_id}")

@@ -180,6 +180,9 @@ class Driver:
         # called before actions go to the nodes, after the changes that describe them were
         # reported through on_change: where a server stores them (in one transaction)
         self.on_flush: Callable[[], None] | None = None
+        # called with a job's record and the metric points of a profile report (name ->
+        # [[step, value], ...]): where a server keeps learning curves and runs sweeps
+        self.on_points: Callable[[JobRecord, dict[str, list[list[float]]]], None] | None = None
         self._outbox: list[tuple[str, object, Callable[[], Future | None], tuple[int, ...]]] = []
         self.observer = Observer()
         self.cluster.confirms = True  # actions take time here: jobs are in transition
@@ -232,9 +235,10 @@ class Driver:
         self.agent.events.put(AgentEvent("wake", spec.id))  # the loop may be waiting
 
     # ---- what users ask of a job (safe from any thread; see ``requests``) ----------------
-    def cancel(self, job_id: str) -> None:
-        """Cancel a job, queued, running, suspended or held; it reports "cancelled"."""
-        self._ask("cancel", job_id)
+    def cancel(self, job_id: str, reason: str = "cancelled") -> None:
+        """Cancel a job, queued, running, suspended or held; it reports "cancelled", with
+        ``reason`` (e.g. a sweep's, for the trial it stopped)."""
+        self._ask("cancel", job_id, reason)
 
     def hold(self, job_id: str) -> None:
         """Take a job out of scheduling until ``release``: a running or suspended job
@@ -409,6 +413,8 @@ class Driver:
             p: wire.Profile = ev.data
             rec.steps = p.step
             rec.metrics.update(p.metrics)
+            if p.series and self.on_points is not None:
+                self.on_points(rec, p.series)
             rec.profile = {"mini_batch_time": p.mini_batch_time, "memory_gb": p.memory_gb,
                            "utilization": p.utilization}
             if rec.first_feedback is None and rec.steps >= self.feedback_steps:

@@ -57,7 +57,7 @@ class Requests:
         if rec.status in TERMINAL:
             return
         if what == "cancel":
-            self.end(job_id, JobState.CANCELLED, "cancelled")
+            self.end(job_id, JobState.CANCELLED, str(arg or "cancelled"))
         elif what == "hold" and rec.status != JobState.HELD:
             d.set(rec, "held", JobState.HELD)  # on record before its node is told
             self._withdraw(job_id, how="held")

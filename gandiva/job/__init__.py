@@ -38,6 +38,7 @@ checkpoints to ``GANDIVA_CHECKPOINT_DIR`` and restores from it, if that is set.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import resource
@@ -51,6 +52,11 @@ from typing import Any
 from gandiva.job import checkpoint, wire
 
 REPORT_INTERVAL_S = 1.0  # profile messages are batched: one a second at most
+# Every value ``report`` is given is kept by step and sent with the next profile message;
+# a window keeps at most this many points of a metric, evenly spaced by step, the last one
+# always (a job reporting its loss at every one of 1,000 mini-batches a second sends 64
+# of them: a learning curve's shape, at a store write cost that does not grow with speed)
+POINTS_PER_WINDOW = 64
 # A gang agrees on commands (one all-reduce, ~1 ms through gloo on 2 cores) at the first
 # boundary this long after the last agreement, counted in mini-batches so every rank picks
 # the same one: a command waits at most this much longer (nothing, against a 60 s quantum),
@@ -76,6 +82,7 @@ class Job:
         self.step = 0
         self.restored_from: int | None = None
         self.metrics: dict[str, float] = {}
+        self._points: dict[str, dict[int, float]] = {}  # metric -> step -> value, unsent
         self._sock: socket.socket | None = None
         self._buf = b""
         fd = env.get("GANDIVA_CONTROL_FD")
@@ -276,10 +283,18 @@ class Job:
             self.save()
         self._send(wire.Done(self.step))
 
-    def report(self, samples: int = 0, **metrics: float) -> None:
-        """Count ``samples`` for the throughput and keep the latest ``metrics`` (e.g. loss)."""
+    def report(self, samples: int = 0, *, at: int | None = None, **metrics: float) -> None:
+        """Count ``samples`` for the throughput and record ``metrics`` (e.g. loss) as
+        measured ``at`` a step: by default the mini-batch under way, counted from 1 (call it
+        before the mini-batch's boundary, as ``steps`` loops do); a framework that reports
+        after its step counter moved passes its own. The latest value of each is
+        ``metrics``; each value goes to the server as a point of the metric's series."""
         self._window_samples += samples
-        self.metrics.update({k: float(v) for k, v in metrics.items()})
+        step = self.step + 1 if at is None else int(at)
+        for name, value in metrics.items():
+            value = float(value)
+            self.metrics[name] = value
+            self._points.setdefault(name, {})[step] = value  # a step's latest value
 
     def next_command(self) -> wire.Command | None:
         """Count the mini-batch that just ended, and say what the job must do at this
@@ -436,10 +451,26 @@ class Job:
             self.step, mini_batch_time=elapsed / self._window_steps,
             memory_gb=self._memory_gb(), utilization=self._utilization(cpu, elapsed),
             samples_per_s=self._window_samples / elapsed if elapsed else 0.0,
-            metrics=dict(self.metrics)))
+            metrics=dict(self.metrics), series=self._series()))
         self._window_start = now
         self._window_steps = self._window_samples = 0
         self._window_cpu = time.process_time()
+
+    def _series(self) -> dict[str, list[list[float]]]:
+        """The points reported since the last message, at most POINTS_PER_WINDOW a metric
+        (evenly thinned by position, the last kept); NaN and infinities are left out (JSON
+        has no such numbers, and a diverged trial reports them)."""
+        out = {}
+        for name, points in self._points.items():
+            kept = [[s, v] for s, v in sorted(points.items()) if math.isfinite(v)]
+            if len(kept) > POINTS_PER_WINDOW:
+                last = len(kept) - 1
+                kept = [kept[last - round(i * last / (POINTS_PER_WINDOW - 1))]
+                        for i in reversed(range(POINTS_PER_WINDOW))]
+            if kept:
+                out[name] = kept
+        self._points = {}
+        return out
 
     def _memory_gb(self) -> float:
         import torch

@@ -81,7 +81,9 @@ class Started:
 
 @dataclass(frozen=True)
 class Profile:
-    """What the last window of mini-batches measured, and the job's latest metrics."""
+    """What the last window of mini-batches measured, the job's latest metrics, and the
+    values reported in the window: ``series`` maps a metric's name to its points, each
+    ``[step, value]`` (the step: mini-batches done when it was measured), oldest first."""
 
     step: int
     mini_batch_time: float  # seconds per step of the job's loop
@@ -89,6 +91,7 @@ class Profile:
     utilization: float
     samples_per_s: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
+    series: dict[str, list[list[float]]] = field(default_factory=dict)
     ev: ClassVar[str] = "profile"
 
 

@@ -25,6 +25,7 @@ import math
 import shlex
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -52,6 +53,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gandiva.backends.driver import Driver, JobRecord
 from gandiva.node.agent import Launch
+from gandiva.server import sweep_api
 from gandiva.server.jobspec import JobRequest, JsonInt
 from gandiva.server.metrics import Metrics
 from gandiva.server.store import (
@@ -61,8 +63,11 @@ from gandiva.server.store import (
     Principal,
     Store,
     StoreError,
+    SweepRow,
 )
+from gandiva.server.sweeps import Sweeps
 from gandiva.spec import TERMINAL, JobSpec, JobState
+from gandiva.sweep.spec import SweepSpec
 
 DASHBOARD = Path(__file__).parent / "dashboard"
 FOLLOW_POLL_S = 0.25  # how often a followed log or event stream looks for more
@@ -281,11 +286,14 @@ class Service:
         self._counted: dict[str, int] = {}  # job id -> its user, while counted unfinished
         self._count_lock = threading.Lock()
         self._unstored: list[JobChange] = []  # what the loop reported, until it is flushed
+        self._points: list[dict[str, Any]] = []  # metric points reported, until flushed
+        self.sweeps = Sweeps(self)
         # reader -> node -> (the view's node, its part encoded for that reader)
         self._views: dict[int, dict[int, tuple[dict, str]]] = {}
         self._views_lock = threading.Lock()
         backend.on_change = self._persist
         backend.on_flush = self._store
+        backend.on_points = self._on_points
 
     def user_dir(self, who: Principal) -> Path:
         return self.base_dir / "users" / who.name
@@ -348,6 +356,43 @@ class Service:
         self.backend.submit(*to_scheduler(row.id, req, cwd), time_limit=req.time_limit)
         return row
 
+    def submit_sweep(self, who: Principal, spec: SweepSpec) -> tuple[SweepRow, list[JobRow]]:
+        """Store a sweep and its trials (one transaction), then queue every trial: each is
+        checked as a job submission is (its directory, its paths, the cluster's size, the
+        user's limit of unfinished jobs), all before any is stored."""
+        sweep_id = f"{spec.name[:31]}-{uuid.uuid4().hex[:8]}"
+        params = spec.draw()
+        requests = [spec.trial_request(i, p, sweep_id) for i, p in enumerate(params)]
+        cwds = [self.workdir(who, r) for r in requests]
+        if spec.gpus > len(self.backend.devices):
+            raise unprocessable("gpus", f"{spec.gpus} GPUs asked for each trial; this "
+                                f"cluster has {len(self.backend.devices)}")
+        n = len(requests)
+        with self._count_lock:
+            if self.unfinished[who.id] + n > self.max_unfinished_per_user:
+                raise HTTPException(429, f"{n} trials and your {self.unfinished[who.id]} "
+                                    "jobs not yet finished pass the limit per user "
+                                    f"({self.max_unfinished_per_user}, "
+                                    "--max-unfinished-per-user); ask for fewer trials")
+            self.unfinished[who.id] += n  # the trials' places, while they are stored
+        try:
+            sweep, rows = self.store.add_sweep(who, sweep_id, spec.name,
+                                               spec.model_dump(mode="json"),
+                                               list(zip(params, requests, strict=True)))
+        except BaseException:
+            with self._count_lock:
+                self.unfinished[who.id] -= n
+            raise
+        with self._count_lock:
+            self._counted.update({row.id: who.id for row in rows})
+        self.sweeps.add(sweep_id, spec, [row.id for row in rows])  # before any can report
+        for row, request, cwd in zip(rows, requests, cwds, strict=True):
+            self.metrics.submitted.inc()
+            self.owners[row.id] = (who.id, request.name)
+            self.backend.submit(*to_scheduler(row.id, request, cwd),
+                                time_limit=request.time_limit)
+        return sweep, rows
+
     @staticmethod
     def _same(earlier: JobRow, req: JobRequest) -> JobRow:
         """The job a submission_id made, if this is a retry of the same spec; a different
@@ -387,6 +432,7 @@ class Service:
             self.backend.submit(*to_scheduler(row.id, req, cwd), time_limit=req.time_limit,
                                 held=held)
             n += 1
+        self.sweeps.load()  # after their trials are back in the scheduler
         return n
 
     def _live(self, row: JobRow) -> None:
@@ -487,12 +533,29 @@ class Service:
         reason = rec.reason if what in ("failed", "restarted", "cancelled") else None
         if state in TERMINAL:
             self._uncount(rec.spec.id)
+            self.sweeps.forget(rec.spec.id)
         self.metrics.changed(what, state)
         self._unstored.append(JobChange(rec.spec.id, what, data, state, reason))
 
+    def _on_points(self, rec: JobRecord, series: dict[str, list[list[float]]]) -> None:
+        """(The loop.) A job's metric points: kept until the next flush, and judged if the
+        job is a sweep's trial."""
+        now = time.time()
+        self._points.extend({"job_id": rec.spec.id, "name": name[:64], "step": int(step),
+                             "value": float(value), "at": now}
+                            for name, points in series.items() for step, value in points)
+        self.sweeps.observe(rec.spec.id, series)
+
     def _store(self) -> None:
-        """(The loop's ``on_flush``.) Store every change reported since the last flush in one
-        transaction, before the actions they describe go to the nodes."""
+        """(The loop's ``on_flush``.) Store the metric points reported since the last flush
+        (one INSERT; a batch the database refuses costs a curve a few dots, never a job its
+        state: it is not retried), then every change reported since, in one transaction,
+        before the actions they describe go to the nodes."""
+        points, self._points = self._points, []
+        try:
+            self.store.add_points(points)
+        except SQLAlchemyError as e:
+            log.warning("dropped %d metric points: %s", len(points), e)
         changes, self._unstored = self._unstored, []
         if not changes:
             return
@@ -567,6 +630,8 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
         if row is None:
             raise HTTPException(404, f"no job {job_id!r}")
         return row
+
+    sweep_api.routes(app, service, Who, visible, NOT_FOUND, BAD_BODY)
 
     @app.get("/v1/whoami")
     def whoami(who: Who) -> WhoAmI:

@@ -265,9 +265,9 @@ def duration_s(text: str) -> float:
 class SpecError(ValueError):
     """A spec that does not validate: one line per problem, each naming its field."""
 
-    def __init__(self, source: str, problems: list[str]) -> None:
+    def __init__(self, source: str, problems: list[str], what: str = "job spec") -> None:
         self.problems = problems
-        super().__init__(f"{source}: invalid job spec:\n" + "\n".join(f"  {p}" for p in problems))
+        super().__init__(f"{source}: invalid {what}:\n" + "\n".join(f"  {p}" for p in problems))
 
 
 def problems(err: ValidationError) -> list[str]:

@@ -33,6 +33,7 @@ from sqlalchemy import (
     bindparam,
     create_engine,
     event,
+    func,
     insert,
     select,
     text,
@@ -105,6 +106,40 @@ class EventRow(Base):
     at: Mapped[float] = mapped_column(Float)
     kind: Mapped[str] = mapped_column(String(32))
     data: Mapped[dict] = mapped_column(JSON)
+
+
+class MetricRow(Base):
+    """One value of a metric a job reported, at a step (mini-batches done)."""
+
+    __tablename__ = "metric_points"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    name: Mapped[str] = mapped_column(String(64))
+    step: Mapped[int] = mapped_column(Integer)
+    value: Mapped[float] = mapped_column(Float)
+    at: Mapped[float] = mapped_column(Float)
+
+
+class SweepRow(Base):
+    __tablename__ = "sweeps"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    name: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[dict] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class TrialRow(Base):
+    """A sweep's trial: its job, its parameters, the value it had at each rung it reached
+    (rung -> value; JSON keys are strings), and the sweep's last decision on it."""
+
+    __tablename__ = "sweep_trials"
+    sweep_id: Mapped[str] = mapped_column(ForeignKey("sweeps.id"), primary_key=True)
+    trial: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), unique=True)
+    params: Mapped[dict] = mapped_column(JSON)
+    rungs: Mapped[dict] = mapped_column(JSON)
+    decision: Mapped[str] = mapped_column(String(16))
 
 
 @dataclass(frozen=True)
@@ -258,16 +293,8 @@ class Store:
         together in the next one, so a flood costs one commit (one fsync) per batch, not
         per job. (The API looks a ``submission_id`` up before it checks limits; here the
         unique index catches the id used before, or by a concurrent twin.)"""
-        job_id = f"{request.name[:31]}-{uuid.uuid4().hex[:8]}"  # at most 40: the id columns
-        now = time.time()
-        job = {"id": job_id, "user_id": who.id, "name": request.name,
-               "spec": request.model_dump(), "state": JobState.QUEUED, "reason": "",
-               "priority": request.priority, "submitted_at": now, "started_at": None,
-               "finished_at": None, "submission_id": request.submission_id}
-        mine = _Pending(job, {"job_id": job_id, "at": now, "kind": "submitted",
-                              "data": {"by": who.name}},
-                        [{"job_id": job_id, "key": k, "value": v}
-                         for k, v in request.labels.items()])
+        mine = _new(who, request)
+        job = mine.job
         with self._pending_lock:
             self._pending.append(mine)
         with self._writer:
@@ -465,6 +492,107 @@ class Store:
             q = (select(JobRow).where(JobRow.state.not_in(TERMINAL))
                  .order_by(JobRow.submitted_at, JobRow.id))
             return list(s.scalars(q))
+
+
+    # ---- learning curves ----------------------------------------------------------------
+    def add_points(self, points: list[dict[str, Any]]) -> None:
+        """Store metric points (job_id, name, step, value, at) in one multi-row INSERT
+        (the cost per point: ``benchmarks/store_batch.py``)."""
+        if points:
+            with self._writer, self.engine.begin() as conn:
+                conn.execute(insert(MetricRow), points)
+
+    def points(self, job_id: str, names: list[str] | None = None, after: int = -1,
+               limit: int = 10_000) -> dict[str, list[tuple[int, float, float]]]:
+        """A job's curves: metric -> (step, value, at) from step ``after`` on (exclusive),
+        in step order, at most ``limit`` points in all. A step reported twice (a job that
+        restored from a checkpoint and ran it again) has its latest value."""
+        q = (select(MetricRow.name, MetricRow.step, MetricRow.value, MetricRow.at)
+             .where(MetricRow.job_id == job_id, MetricRow.step > after)
+             .order_by(MetricRow.step, MetricRow.id).limit(limit))
+        if names:
+            q = q.where(MetricRow.name.in_(names))
+        out: dict[str, dict[int, tuple[int, float, float]]] = {}
+        with self.engine.connect() as conn:
+            for name, step, value, at in conn.execute(q):
+                out.setdefault(name, {})[step] = (step, value, at)
+        return {name: list(by_step.values()) for name, by_step in out.items()}
+
+    def last_points(self, job_ids: list[str], name: str) -> dict[str, tuple[int, float]]:
+        """Each job's latest point (step, value) of metric ``name``: one query for a whole
+        sweep, reading one row a job (the newest, through the curve index)."""
+        out: dict[str, tuple[int, float]] = {}
+        for i in range(0, len(job_ids), CHUNK):
+            newest = (select(func.max(MetricRow.id).label("id"))
+                      .where(MetricRow.job_id.in_(job_ids[i:i + CHUNK]), MetricRow.name == name)
+                      .group_by(MetricRow.job_id).subquery())
+            q = (select(MetricRow.job_id, MetricRow.step, MetricRow.value)
+                 .join(newest, MetricRow.id == newest.c.id))
+            with self.engine.connect() as conn:
+                out.update({job: (step, value) for job, step, value in conn.execute(q)})
+        return out
+
+    # ---- sweeps -------------------------------------------------------------------------
+    def add_sweep(self, who: Principal, sweep_id: str, name: str, spec: dict[str, Any],
+                  trials: list[tuple[dict[str, Any], JobRequest]]
+                  ) -> tuple[SweepRow, list[JobRow]]:
+        """Store a sweep, its trials' jobs (queued) and the trials, in one transaction:
+        ``trials`` is (parameters, the trial's job) in trial order."""
+        sweep = {"id": sweep_id, "user_id": who.id, "name": name, "spec": spec,
+                 "created_at": time.time()}
+        news = [_new(who, request) for _, request in trials]
+        with self._writer, self.engine.begin() as conn:
+            self._events_in_commit_order(conn)
+            conn.execute(insert(SweepRow), [sweep])
+            conn.execute(insert(JobRow), [p.job for p in news])
+            conn.execute(insert(EventRow), [p.event for p in news])
+            conn.execute(insert(LabelRow), [lab for p in news for lab in p.labels])
+            conn.execute(insert(TrialRow), [
+                {"sweep_id": sweep["id"], "trial": i, "job_id": p.job["id"], "params": params,
+                 "rungs": {}, "decision": "running"}
+                for i, ((params, _), p) in enumerate(zip(trials, news, strict=True))])
+        return SweepRow(**sweep), [JobRow(**p.job) for p in news]
+
+    def sweeps(self, who: Principal | None = None, sweep_id: str | None = None
+               ) -> list[SweepRow]:
+        """Sweeps ``who`` may see (all: None), newest first; or the one with ``sweep_id``."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            q = select(SweepRow).order_by(SweepRow.created_at.desc(), SweepRow.id)
+            if who is not None and not who.admin:
+                q = q.where(SweepRow.user_id == who.id)
+            if sweep_id is not None:
+                q = q.where(SweepRow.id == sweep_id)
+            return list(s.scalars(q))
+
+    def trials(self, sweep_ids: list[str]) -> list[tuple[TrialRow, JobRow]]:
+        """The sweeps' trials with their jobs, in sweep and trial order."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            q = (select(TrialRow, JobRow).join(JobRow, JobRow.id == TrialRow.job_id)
+                 .where(TrialRow.sweep_id.in_(sweep_ids))
+                 .order_by(TrialRow.sweep_id, TrialRow.trial))
+            return [(t, j) for t, j in s.execute(q)]
+
+    def set_trial(self, sweep_id: str, trial: int, rungs: dict[str, float],
+                  decision: str) -> None:
+        """A sweep's decision on a trial (stored before it is carried out: a server that
+        restarts in between carries it out again)."""
+        with self._writer, self.engine.begin() as conn:
+            conn.execute(update(TrialRow).where(TrialRow.sweep_id == sweep_id,
+                                                TrialRow.trial == trial)
+                         .values(rungs=rungs, decision=decision))
+
+
+def _new(who: Principal, request: JobRequest) -> _Pending:
+    """A new job's row (queued), its first event and its labels, not yet stored."""
+    job_id = f"{request.name[:31]}-{uuid.uuid4().hex[:8]}"  # at most 40: the id columns
+    now = time.time()
+    job = {"id": job_id, "user_id": who.id, "name": request.name,
+           "spec": request.model_dump(), "state": JobState.QUEUED, "reason": "",
+           "priority": request.priority, "submitted_at": now, "started_at": None,
+           "finished_at": None, "submission_id": request.submission_id}
+    return _Pending(job, {"job_id": job_id, "at": now, "kind": "submitted",
+                          "data": {"by": who.name}},
+                    [{"job_id": job_id, "key": k, "value": v} for k, v in request.labels.items()])
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

@@ -98,7 +98,7 @@ class GandivaCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **_: Any):
         if logs and "loss" in logs:
-            self.job.report(loss=logs["loss"])
+            self.job.report(at=state.global_step, loss=logs["loss"])
 
     def on_step_end(self, args, state, control, **_: Any):
         self.job.report(samples=args.per_device_train_batch_size
