@@ -13,7 +13,7 @@ MESSAGES = [
                                                 "/w/log"),
     wire.Ready(), wire.Hello(pid=42, rank=3), wire.Started(7, 5),
     wire.Profile(9, mini_batch_time=0.25, memory_gb=1.5, utilization=0.8, samples_per_s=128.0,
-                 metrics={"loss": 0.5}),
+                 metrics={"loss": 0.5}, series={"loss": [[8, 0.6], [9, 0.5]]}),
     wire.Suspended(9, 0.01), wire.Resumed(9, "cpu", 0.02), wire.Checkpointed(9, None),
     wire.Done(100),
 ]

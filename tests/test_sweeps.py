@@ -1,0 +1,275 @@
+"""Learning curves and sweeps: every value a job reports reaches the store by step, and a
+sweep draws its trials from its seed, promotes and stops them at its rungs from what they
+report, and survives a server restart."""
+
+import math
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gandiva.job import wire
+from gandiva.server.jobspec import SpecError
+from gandiva.sweep import rules
+from gandiva.sweep.spec import parse
+
+SPEC = """
+name: cnn-lr
+command: python cnn.py --steps 600 --lr {lr} --width {width} --seed {trial}
+trials: 6
+seed: 7
+space:
+  lr: {log_uniform: [0.001, 0.5]}
+  width: {choice: [8, 16, 32]}
+  batch: {grid: [32, 64]}
+  optimizer: sgd
+metric: loss
+stop: {rule: asha, rungs: [50, 150]}
+"""
+
+
+# ---- the spec ---------------------------------------------------------------------------
+def test_a_sweeps_trials_are_drawn_from_its_seed_with_their_parameters_in_the_command():
+    spec = parse(SPEC)
+    trials = spec.draw()
+    assert trials == parse(SPEC).draw()  # the same seed: the same trials
+    assert trials != parse(SPEC.replace("seed: 7", "seed: 8")).draw()
+    assert len(trials) == 6
+    assert [t["batch"] for t in trials] == [32, 64] * 3  # grid points in order, cycled
+    assert all(0.001 <= t["lr"] <= 0.5 and t["width"] in (8, 16, 32)
+               and t["optimizer"] == "sgd" for t in trials)
+    # log-uniform: spread over the decades, not bunched at the top as a uniform draw is
+    many = parse(SPEC.replace("trials: 6", "trials: 400")).draw()
+    assert sum(t["lr"] < 0.02 for t in many) > 150
+    job = spec.trial_request(3, trials[3], "cnn-lr-1234")
+    assert job.name == "cnn-lr-3"
+    assert job.command == ["python", "cnn.py", "--steps", "600", "--lr",
+                           f"{trials[3]['lr']:.6g}", "--width", str(trials[3]["width"]),
+                           "--seed", "3"]
+    assert job.labels == {"sweep": "cnn-lr-1234", "trial": "3"}
+    grid_only = parse("name: g\ncommand: python a.py {x} {y}\nmetric: loss\n"
+                      "space: {x: {grid: [1, 2, 3]}, y: {grid: [a, b]}}")
+    assert grid_only.count() == 6 and len({tuple(p.values()) for p in grid_only.draw()}) == 6
+
+
+@pytest.mark.parametrize("change, field, says", [
+    ("trials: 6\n", "trials", "drawn at random; say how many"),
+    ("{lr}", "command", "{lrr} names no parameter"),
+    ("log_uniform: [0.001, 0.5]", "space", "lr.log_uniform: give [lo, hi] with lo <= hi, lo > 0"),
+    ("choice: [8, 16, 32]", "space", "width: 'normal' is no distribution"),
+    ("rungs: [50, 150]", "stop", "rungs: give positive mini-batch counts in ascending order"),
+    ("rule: asha", "stop.rule", "Input should be 'asha', 'median' or 'none'"),
+    ("metric: loss", "metric", "String should have at least 1 character"),
+])
+def test_a_bad_sweep_spec_is_refused_naming_the_field(change, field, says):
+    bad = {"trials: 6\n": "", "{lr}": "{lrr}", "log_uniform: [0.001, 0.5]": "log_uniform: [0, 1]",
+           "choice: [8, 16, 32]": "normal: [0, 1]", "rungs: [50, 150]": "rungs: [150, 50]",
+           "rule: asha": "rule: hyperband", "metric: loss": "metric: ''"}[change]
+    with pytest.raises(SpecError) as e:
+        parse(SPEC.replace(change, bad), "s.yaml")
+    text = str(e.value)
+    assert text.startswith("s.yaml: invalid sweep spec")
+    assert f"{field}:" in text and says in text, text
+
+
+# ---- the rules --------------------------------------------------------------------------
+def test_a_rungs_value_is_the_mean_over_the_last_tenth_of_the_way_to_it():
+    points = [(s, float(s)) for s in range(1, 120)]
+    assert rules.value_at(100, points) == pytest.approx(sum(range(90, 101)) / 11)
+    assert rules.value_at(200, points) is None  # not reached yet
+
+
+def test_asha_keeps_the_top_third_at_a_rung_and_the_first_to_arrive():
+    judge = rules.judge
+    assert judge("asha", 5.0, {}, minimize=True).go_on  # alone: the best there
+    assert not judge("asha", 5.0, {0: 4.0}, minimize=True).go_on  # 2nd of 2: top 1 only
+    six = {i: float(i) for i in range(5)}  # 0..4 recorded: a 6th keeps the top 2
+    assert judge("asha", 0.5, six, minimize=True).go_on  # 2nd of 6
+    v = judge("asha", 1.5, six, minimize=True)
+    assert not v.go_on and (v.rank, v.of) == (3, 6) and "top 2 of 6" in v.why
+    assert judge("asha", 9.0, six, minimize=False).go_on  # mode max: higher is better
+
+
+def test_the_median_rule_stops_a_trial_worse_than_the_others_median_once_they_are_enough():
+    judge = rules.judge
+    assert judge("median", 9.0, {0: 1.0, 1: 2.0}, minimize=True, min_trials=3).go_on
+    assert not judge("median", 9.0, {0: 1.0, 1: 2.0, 2: 3.0}, minimize=True).go_on
+    assert judge("median", 2.0, {0: 1.0, 1: 2.0, 2: 3.0}, minimize=True).go_on
+    assert judge("none", 1e9, {0: 1.0}, minimize=True).go_on
+
+
+# ---- the job library --------------------------------------------------------------------
+def test_every_reported_value_reaches_the_agent_by_step_thinned_to_the_window_limit():
+    import gandiva.job as gj
+
+    ours, theirs = socket.socketpair()
+    job = gj.Job(env={"GANDIVA_CONTROL_FD": str(theirs.detach()), "GANDIVA_JOB_ID": "j"})
+    for step in range(200):
+        job.report(samples=1, loss=float(step + 1),
+                   **({"accuracy": 0.5} if step % 50 == 0 else {}),
+                   **({"bad": math.nan} if step == 7 else {}))
+        job.next_command()
+    job.finish(save=False)
+    ours.settimeout(5)
+    data = b""
+    while not data.endswith(wire.encode(wire.Done(200))):
+        data += ours.recv(65536)
+    profiles = [m for m in map(wire.report, data.splitlines())
+                if isinstance(m, wire.Profile)]
+    assert all(len(pts) <= gj.POINTS_PER_WINDOW for p in profiles for pts in p.series.values())
+    loss = [pt for p in profiles for pt in p.series.get("loss", [])]
+    steps = [s for s, _ in loss]
+    assert steps == sorted(set(steps)) and steps[-1] == 200  # the last always kept
+    assert all(v == s for s, v in loss)  # each value at the step it was measured
+    accuracy = [s for p in profiles for s, _ in p.series.get("accuracy", [])]
+    assert accuracy == [1, 51, 101, 151]
+    assert all("bad" not in p.series for p in profiles)  # NaN is no JSON number
+    ours.close()
+
+
+# ---- on a server: real trials, a real store ---------------------------------------------
+CNN = str(Path(__file__).resolve().parents[1] / "examples" / "cnn.py")
+TERMINAL = ("done", "failed", "cancelled")
+LRS = [0.00001, 0.05, 0.0001, 0.1]  # two that learn, two that barely move
+
+
+class Up:
+    """A server's parts in this process (store, loop, API) over ``home``; ``crash`` stops
+    the loop as a dying server does (the jobs' processes end; no drain)."""
+
+    def __init__(self, home: Path) -> None:
+        from fastapi.testclient import TestClient
+
+        from gandiva.backends.driver import Driver
+        from gandiva.policies import make_policy
+        from gandiva.server.app import Service, create_app
+        from gandiva.server.store import Store
+
+        self.store = Store(str(home / "gandiva.db"))
+        self.backend = Driver(make_policy("gandiva:quantum=1"), home / "work", slots=2,
+                              feedback_steps=20)
+        self.service = Service(self.store, self.backend, home / "base")
+        self.service.resume_unfinished()
+        self.loop = threading.Thread(target=self.backend.run, kwargs={"until_idle": False})
+        self.loop.start()
+        self.client = TestClient(create_app(self.service))
+
+    def crash(self) -> None:
+        self.backend.stop()
+        self.loop.join(timeout=60)
+
+
+@pytest.fixture
+def home(tmp_path):
+    from gandiva.server.store import Store
+
+    store = Store(str(tmp_path / "gandiva.db"))
+    token = store.add_user("ada")
+    base = tmp_path / "base" / "users" / "ada"
+    base.mkdir(parents=True)
+    shutil.copy(CNN, base / "cnn.py")
+    store.engine.dispose()
+    return tmp_path, {"Authorization": f"Bearer {token}"}
+
+
+def sweep_spec(steps: int, rungs: list[int], **extra) -> dict:
+    return {"name": "lr", "command": f"python cnn.py --steps {steps} --lr {{lr}} --seed 1",
+            "space": {"lr": {"grid": LRS}}, "metric": "loss",
+            "stop": {"rule": "asha", "rungs": rungs, "reduction": 2}, **extra}
+
+
+def wait(get, ok, timeout=240):
+    deadline = time.monotonic() + timeout
+    while not ok(value := get()):
+        assert time.monotonic() < deadline, f"still {value!r} after {timeout} s"
+        time.sleep(0.3)
+    return value
+
+
+def test_a_jobs_reported_values_are_served_as_curves_and_followed_from_a_step(home):
+    path, auth = home
+    up = Up(path)
+    try:
+        c = up.client
+        r = c.post("/v1/jobs", json={"name": "one", "command": "python cnn.py --steps 150"},
+                   headers=auth)
+        job = r.json()["id"]
+        wait(lambda: c.get(f"/v1/jobs/{job}", headers=auth).json()["state"],
+             lambda s: s in TERMINAL)
+        wait(lambda: c.get(f"/v1/jobs/{job}/metrics", headers=auth).json()["series"],
+             lambda s: s.get("loss", [[0]])[-1][0] == 150, timeout=10)
+        series = c.get(f"/v1/jobs/{job}/metrics", headers=auth).json()["series"]
+        assert set(series) == {"loss", "accuracy"}  # cnn.py reports both
+        loss = [s for s, _, _ in series["loss"]]
+        assert loss == sorted(loss) and loss[0] == 1 and loss[-1] == 150
+        assert [s for s, _, _ in series["accuracy"]] == [1, 51, 101]  # every 50 steps
+        later = c.get(f"/v1/jobs/{job}/metrics?names=loss&after=100", headers=auth).json()
+        assert set(later["series"]) == {"loss"}
+        assert [s for s, _, _ in later["series"]["loss"]] == [s for s in loss if s > 100]
+        other = up.store.add_user("bob")
+        assert c.get(f"/v1/jobs/{job}/metrics",
+                     headers={"Authorization": f"Bearer {other}"}).status_code == 404
+    finally:
+        up.crash()
+
+
+def test_a_sweep_stops_trials_at_its_rungs_promotes_the_rest_and_names_the_best(home):
+    path, auth = home
+    up = Up(path)
+    try:
+        c = up.client
+        r = c.post("/v1/sweeps", json=sweep_spec(2000, [40, 120]), headers=auth)
+        assert r.status_code == 201, r.text
+        sweep = r.json()
+        assert [t["params"]["lr"] for t in sweep["trials"]] == LRS
+        jobs = c.get("/v1/jobs", params={"label": f"sweep={sweep['id']}"}, headers=auth).json()
+        assert len(jobs) == 4  # ordinary jobs, with the sweep's label
+        sweep = wait(lambda: c.get(f"/v1/sweeps/{sweep['id']}", headers=auth).json(),
+                     lambda s: all(t["state"] in TERMINAL for t in s["trials"]))
+        stopped = [t for t in sweep["trials"] if t["decision"] == "stopped"]
+        assert stopped, sweep
+        for t in stopped:
+            at = max(t["rungs"], key=int)
+            assert t["state"] == "cancelled" and f"rung {at}:" in t["reason"], t
+            kinds = [e["kind"] for e in
+                     c.get(f"/v1/jobs/{t['job_id']}/events", headers=auth).json()]
+            assert "sweep-stopped" in kinds and kinds[-1] == "cancelled"
+            assert t["step"] < 2000  # stopped long before its end
+        for t in sweep["trials"]:
+            if t["decision"] == "promoted":  # one more priority for each rung passed
+                assert c.get(f"/v1/jobs/{t['job_id']}", headers=auth).json()["priority"] \
+                    == len(t["rungs"])
+        # the trials that barely learn never win; the best is one that learns
+        assert sweep["best"] is not None and sweep["best"]["params"]["lr"] in (0.05, 0.1)
+        assert all(t["decision"] == "stopped" or t["state"] == "done"
+                   for t in sweep["trials"])
+    finally:
+        up.crash()
+
+
+def test_a_sweep_survives_a_server_restart_with_its_rungs_and_decisions(home):
+    path, auth = home
+    up = Up(path)
+    sid = up.client.post("/v1/sweeps", json=sweep_spec(3000, [40, 1500]),
+                         headers=auth).json()["id"]
+    before = wait(lambda: up.client.get(f"/v1/sweeps/{sid}", headers=auth).json(),
+                  lambda s: sum(len(t["rungs"]) for t in s["trials"]) >= 2)
+    up.crash()  # mid-sweep: trials at rung 40 judged, none at 1500 yet
+    up = Up(path)
+    try:
+        c = up.client
+        after = wait(lambda: c.get(f"/v1/sweeps/{sid}", headers=auth).json(),
+                     lambda s: all(t["state"] in TERMINAL for t in s["trials"]), timeout=300)
+        was = {t["trial"]: t for t in before["trials"]}
+        for t in after["trials"]:
+            for rung, value in was[t["trial"]]["rungs"].items():
+                assert t["rungs"][rung] == value  # what was judged stays judged
+            if was[t["trial"]]["decision"] == "stopped":
+                assert t["state"] == "cancelled"  # a stopped trial does not come back
+        assert any("1500" in t["rungs"] for t in after["trials"])  # judged after the restart
+        assert after["best"] is not None
+    finally:
+        up.crash()
