@@ -273,3 +273,49 @@ def test_a_sweep_survives_a_server_restart_with_its_rungs_and_decisions(home):
         assert after["best"] is not None
     finally:
         up.crash()
+
+
+def test_an_optuna_studys_pruned_trials_are_stopped_by_the_scheduler(tmp_path):
+    optuna = pytest.importorskip("optuna")
+    from serving import running
+
+    from gandiva.client import Client, Settings
+    from gandiva.sweep.optuna_bridge import optimize
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with running(tmp_path) as srv:
+        base = srv.user_dir("alice")
+        base.mkdir(parents=True, exist_ok=True)
+        shutil.copy(CNN, base / "cnn.py")
+        client = Client(Settings(srv.url, srv.tokens["alice"]))
+
+        def job(trial):
+            lr = trial.suggest_float("lr", 1e-5, 0.2, log=True)
+            return {"name": f"t{trial.number}",
+                    "command": f"python cnn.py --steps 1500 --lr {lr} --seed 1"}
+
+        # enqueued rates make the outcome certain: two that learn, two that barely move,
+        # and the pruner stops any trial whose loss is still above 2 after 100 steps
+        study = optuna.create_study(
+            study_name="cnn lr", sampler=optuna.samplers.RandomSampler(seed=0),
+            pruner=optuna.pruners.ThresholdPruner(upper=2.0, n_warmup_steps=100))
+        for lr in LRS:
+            study.enqueue_trial({"lr": lr})
+        optimize(study, job, n_trials=4, client=client, metric="loss", parallel=4,
+                 poll_s=0.5)
+        states = {t.params["lr"]: t.state for t in study.trials}
+        pruned = optuna.trial.TrialState.PRUNED
+        assert states == {0.00001: pruned, 0.0001: pruned,
+                          0.05: optuna.trial.TrialState.COMPLETE,
+                          0.1: optuna.trial.TrialState.COMPLETE}
+        jobs = {j["labels"]["optuna-trial"]: j for j in client.jobs(
+            labels={"optuna-study": "cnn-lr"})}
+        for t in study.trials:
+            j = jobs[str(t.number)]
+            if t.state == pruned:  # stopped by the scheduler long before its end
+                assert j["state"] == "cancelled" and j["steps"] < 1500, j
+            else:  # the value told is the job's last loss
+                assert j["state"] == "done"
+                assert t.value == client.metrics(j["id"], ["loss"])["loss"][-1][1]
+                assert max(t.intermediate_values) == 1500
+        assert study.best_params["lr"] in (0.05, 0.1)
