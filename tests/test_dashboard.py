@@ -187,3 +187,29 @@ def test_the_job_table_shows_the_newest_page_and_older_ones_on_demand(server, jo
     expect(rows).to_have_count(3)
     expect(rows.last).to_have_attribute("data-job", jobs[0])
     expect(page.locator("#older-jobs")).to_be_hidden()  # no more pages
+
+
+@pytest.mark.parametrize("server", ["gandiva:quantum=2"], indirect=True)
+def test_a_sweeps_learning_curves_grey_its_stopped_trials_and_a_trial_opens_its_own(server,
+                                                                                    page):
+    shutil.copy(CNN, server.home / "users" / "alice" / "cnn.py")
+    with server.client() as http:
+        sweep = http.post("/v1/sweeps", json={
+            "name": "lr", "command": "python cnn.py --steps 3000 --lr {lr} --seed 1",
+            "space": {"lr": {"grid": [0.00001, 0.05, 0.0001, 0.1]}}, "metric": "loss",
+            "stop": {"rule": "asha", "rungs": [40, 120], "reduction": 2}}
+        ).raise_for_status().json()
+    sign_in(page, server)
+    expect(page.locator("#sweep-select")).to_have_value(sweep["id"])
+    lines = page.locator("#sweep-curves svg path[data-trial]")
+    expect(lines).to_have_count(4)
+    stopped = page.locator('#sweep-curves path[data-decision="stopped"]')
+    expect(stopped.first).to_have_class(re.compile(r"\bstopped\b"))
+    expect(stopped.first).to_have_attribute("d", re.compile(r"^M[\d.]+,[\d.]+L"))
+    expect(page.locator("#sweep-summary")).to_contain_text(re.compile(r"[1-9] stopped"))
+    running = page.locator('#sweep-curves path[data-decision="promoted"]').first
+    job = running.get_attribute("data-job")
+    running.dispatch_event("click")
+    expect(page.locator("#detail-title")).to_contain_text(job)
+    curve = page.locator('#curve svg[data-metric="loss"] path[data-metric="loss"]')
+    expect(curve).to_have_attribute("d", re.compile(r"^M[\d.]+,[\d.]+L"))

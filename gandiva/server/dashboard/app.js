@@ -1,5 +1,6 @@
-// The gandiva dashboard: the GPU map, the job table, utilisation over time and one job's
-// timeline, read from the REST API every REFRESH_MS with the user's bearer token.
+// The gandiva dashboard: the GPU map, the job table, utilisation over time, a sweep's
+// learning curves and one job's timeline and curves, read from the REST API every
+// REFRESH_MS with the user's bearer token.
 // Plain DOM and SVG, no libraries: the page must work on machines without internet.
 "use strict";
 
@@ -111,7 +112,8 @@ async function tick(mine) {
     problems.push(e.message);
   });
   try {
-    await Promise.all([guard(refreshOverview()), guard(refreshDetail())]);
+    await Promise.all([guard(refreshOverview()), guard(refreshDetail()),
+      guard(refreshSweeps())]);
   } catch (e) {
     if (mine === session) askToken("The server no longer accepts this token (401). Sign in again.");
     return;
@@ -153,8 +155,12 @@ async function refreshDetail() {
   $("#job-detail").hidden = !job;
   if (!job) return;
   const path = `/v1/jobs/${encodeURIComponent(job)}`;
-  const [events, explain] = await Promise.all([api(`${path}/events`), api(`${path}/explain`)]);
-  if (job === selected) renderDetail(job, events, explain);
+  const [events, explain, series] = await Promise.all([api(`${path}/events`),
+    api(`${path}/explain`), curves.of(job)]);
+  if (job === selected) {
+    renderDetail(job, events, explain);
+    renderJobCurves(series);
+  }
 }
 
 function select(job) {
@@ -459,6 +465,120 @@ function renderEvents(events) {
     ...shown);
 }
 
+// ---- learning curves ----------------------------------------------------------------------
+
+// Each job's points, kept between refreshes: a refresh asks only for the steps after the last
+// one it has (GET /v1/jobs/{id}/metrics?after=STEP), so a long curve is fetched once.
+const curves = {
+  kept: new Map(), // job -> {last, series: {metric: [[step, value], ...]}}
+  async of(job, names) {
+    const entry = this.kept.get(job) ?? { last: -1, series: {} };
+    const query = `after=${entry.last}${names ? `&names=${encodeURIComponent(names)}` : ""}`;
+    const data = await api(`/v1/jobs/${encodeURIComponent(job)}/metrics?${query}`);
+    for (const [name, points] of Object.entries(data.series)) {
+      const mine = (entry.series[name] ??= []);
+      for (const [step, value] of points) {
+        if (mine.length && mine[mine.length - 1][0] === step) mine[mine.length - 1][1] = value;
+        else mine.push([step, value]);
+        entry.last = Math.max(entry.last, step);
+      }
+    }
+    this.kept.set(job, entry);
+    return entry.series;
+  },
+};
+
+const CURVE = { height: 200, left: 52, right: 12, top: 10, bottom: 26 };
+const CURVES_SHOWN = 3; // a job's metrics drawn (one chart each)
+
+// Lines [{points, attrs, title}] on one chart of steps (x) against values (y); a logarithmic
+// y axis where positive values span more than two decades (a diverging trial's loss).
+function curveChart(lines, label, container) {
+  const all = lines.flatMap((l) => l.points);
+  const { height, left, right, top, bottom } = CURVE;
+  const width = widthOf(container);
+  if (!all.length) return el("p", { class: "muted small" }, `no ${label} reported yet`);
+  const steps = all.map((p) => p[0]);
+  const values = all.map((p) => p[1]);
+  const [x0, x1] = [Math.min(...steps), Math.max(...steps, Math.min(...steps) + 1)];
+  let [y0, y1] = [Math.min(...values), Math.max(...values)];
+  const log = y0 > 0 && y1 / y0 > 100;
+  const f = log ? Math.log10 : (v) => v;
+  if (y0 === y1) [y0, y1] = [y0 - 1, y1 + 1];
+  const x = (s) => left + ((s - x0) / (x1 - x0)) * (width - left - right);
+  const y = (v) => top + (1 - (f(v) - f(y0)) / (f(y1) - f(y0))) * (height - top - bottom);
+  const paths = lines.map((l) => svg("path", { class: "curve", ...l.attrs,
+    d: l.points.map(([s, v], i) => `${i ? "L" : "M"}${x(s).toFixed(1)},${y(v).toFixed(1)}`)
+      .join("") }, tooltip(l.title)));
+  const axis = [y0, y1].flatMap((v) => [
+    svg("line", { class: "grid", x1: left, x2: width - right, y1: y(v), y2: y(v) }),
+    svg("text", { class: "axis", x: left - 4, y: y(v) + 4, "text-anchor": "end" },
+      v.toPrecision(3)),
+  ]);
+  const ticks = [x0, x1].map((s, i) => svg("text", { class: "axis", x: x(s), y: height - 8,
+    "text-anchor": i ? "end" : "start" }, i ? `${s} mini-batches` : String(s)));
+  return svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
+    "data-metric": label, "data-log": log,
+    "aria-label": `${label} against mini-batches${log ? " (log scale)" : ""}` },
+  ...axis, ...ticks, ...paths);
+}
+
+function renderJobCurves(series) {
+  const container = $("#curve");
+  const names = Object.keys(series).sort((a, b) => (a === "loss" ? -1 : b === "loss" ? 1
+    : a.localeCompare(b))).slice(0, CURVES_SHOWN);
+  container.replaceChildren(...names.flatMap((name) => [
+    el("h3", { class: "small" }, name),
+    curveChart([{ points: series[name], attrs: { "data-metric": name,
+      style: "stroke: var(--done)" }, title: name }], name, container)]));
+}
+
+let sweepShown = null; // the sweep whose curves are drawn (the newest, until one is chosen)
+
+async function refreshSweeps() {
+  const sweeps = await api("/v1/sweeps?limit=20");
+  $("#sweeps-panel").hidden = sweeps.length === 0;
+  if (!sweeps.length) return;
+  const select = $("#sweep-select");
+  const ids = sweeps.map((s) => s.id);
+  if (!ids.includes(sweepShown)) sweepShown = ids[0];
+  if ([...select.options].map((o) => o.value).join() !== ids.join()) {
+    select.replaceChildren(...sweeps.map((s) => el("option", { value: s.id }, s.id)));
+  }
+  select.value = sweepShown;
+  const sweep = sweeps.find((s) => s.id === sweepShown);
+  const series = await Promise.all(sweep.trials.map((t) => curves.of(t.job_id, sweep.metric)));
+  if (sweep.id === sweepShown) renderSweep(sweep, series);
+}
+
+function renderSweep(sweep, series) {
+  const container = $("#sweep-curves");
+  const stopped = sweep.trials.filter((t) => t.decision === "stopped").length;
+  const done = sweep.trials.filter((t) => t.state === "done").length;
+  $("#sweep-summary").textContent = `${sweep.metric} (${sweep.mode}), ${sweep.rule} at rungs `
+    + `${sweep.rungs.join(", ") || "none"} · ${sweep.trials.length} trials, ${stopped} stopped, `
+    + `${done} done${sweep.best ? ` · best: trial ${sweep.best.trial}, `
+    + `${sweep.best.value.toPrecision(4)}` : ""}`;
+  const lines = sweep.trials.map((t, i) => {
+    const rungs = Object.keys(t.rungs).length;
+    const cls = t.decision === "stopped" ? "stopped" : `rung${Math.min(rungs, 3)}`;
+    const best = sweep.best && sweep.best.trial === t.trial;
+    return {
+      points: series[i][sweep.metric] ?? [],
+      attrs: { class: `curve ${cls}${best ? " best" : ""}`, "data-trial": t.trial,
+        "data-job": t.job_id, "data-decision": t.decision, "data-state": t.state,
+        style: t.decision === "stopped" ? null : `stroke: var(--rung${Math.min(rungs, 3)})` },
+      title: `trial ${t.trial} (${t.state}, ${t.decision}): ${JSON.stringify(t.params)}`,
+    };
+  }).sort((a, b) => (a.attrs["data-decision"] === "stopped" ? -1 : 0)
+    - (b.attrs["data-decision"] === "stopped" ? -1 : 0)); // stopped trials drawn underneath
+  const legend = el("p", { class: "legend small" },
+    ...["rung0", "rung1", "rung2", "rung3"].flatMap((k, i) => [el("span", { class: `key ${k}` }),
+      i === 0 ? "no rung passed " : `${i}${i === 3 ? "+" : ""} passed `]),
+    el("span", { class: "key stopped" }), "stopped by the sweep");
+  container.replaceChildren(curveChart(lines, sweep.metric, container), legend);
+}
+
 // ---- start ------------------------------------------------------------------------------
 
 $("#token-form").addEventListener("submit", (event) => {
@@ -472,6 +592,14 @@ $("#jobs tbody").addEventListener("click", (event) => {
   if (row) select(row.dataset.job);
 });
 $("#detail-close").addEventListener("click", () => select(null));
+$("#sweep-select").addEventListener("change", (event) => {
+  sweepShown = event.target.value;
+  refreshSweeps().catch(() => {}); // the refresh loop reports failures
+});
+$("#sweep-curves").addEventListener("click", (event) => {
+  const line = event.target.closest("path[data-job]");
+  if (line) select(line.dataset.job);
+});
 $("#older-jobs").addEventListener("click", () => {
   jobPages += 1;
   refreshOverview().catch(() => {}); // the refresh loop reports failures
