@@ -1,5 +1,7 @@
 """What storing one time-slicing round costs: ``Store.record_many`` of N job changes (one
-transaction, as the loop's flush writes them) on SQLite and on a throw-away PostgreSQL.
+transaction, as the loop's flush writes them) on SQLite and on a throw-away PostgreSQL; and
+what storing reported metric points costs: ``Store.add_points`` of as many points (a flush's
+worth from many jobs: each job sends at most 64 points a metric a second).
 
 Usage: python benchmarks/store_batch.py [--changes 3000] [--db sqlite,postgresql]
 Prints a table and one JSON line.
@@ -38,7 +40,17 @@ def measure(url: str, n: int) -> dict:
             store.record_many(changes)
             times.append(time.perf_counter() - t)
         best = min(times)
-        return {"changes": n, "seconds": round(best, 3), "ms_per_change": round(best / n * 1e3, 3)}
+        point_times = []
+        for rep in range(2):
+            points = [{"job_id": ids[i % len(ids)], "name": "loss", "step": rep * n + i,
+                       "value": 1.0 / (i + 1), "at": time.time()} for i in range(n)]
+            t = time.perf_counter()
+            store.add_points(points)
+            point_times.append(time.perf_counter() - t)
+        per_point = min(point_times) / n
+        return {"changes": n, "seconds": round(best, 3), "ms_per_change": round(best / n * 1e3, 3),
+                "points_seconds": round(min(point_times), 3),
+                "us_per_point": round(per_point * 1e6, 1)}
     finally:
         store.engine.dispose()
 
@@ -56,11 +68,13 @@ def main() -> None:
             else:
                 url = str(Path(stack.enter_context(tempfile.TemporaryDirectory())) / "g.db")
             rows[kind] = measure(url, args.changes)
-    table = Table(title=f"Store.record_many of {args.changes} changes, one transaction")
-    for col in ("database", "seconds", "ms per change"):
+    table = Table(title=f"Store.record_many of {args.changes} changes, one transaction; "
+                        f"Store.add_points of {args.changes} points")
+    for col in ("database", "changes s", "ms per change", "points s", "µs per point"):
         table.add_column(col, justify="right")
     for kind, r in rows.items():
-        table.add_row(kind, f"{r['seconds']:g}", f"{r['ms_per_change']:g}")
+        table.add_row(kind, f"{r['seconds']:g}", f"{r['ms_per_change']:g}",
+                      f"{r['points_seconds']:g}", f"{r['us_per_point']:g}")
     Console().print(table)
     print(json.dumps({"benchmark": "store_batch", **rows}))
 

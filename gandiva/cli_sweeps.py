@@ -133,6 +133,8 @@ def register(app: typer.Typer) -> None:
                     console.print(f"trial {b['trial']} (job {b['job_id']}): {s['metric']} "
                                   f"{_value(b['value'])} at step {b['step']}")
                     console.print(json.dumps(b["params"]))
+                    if b.get("checkpoint"):
+                        console.print(f"checkpoint: {b['checkpoint']}")
                 return
             if as_json:
                 _print_json(s)

@@ -1,6 +1,7 @@
 """The CLI over the API, as a user runs it: `gandiva login/submit/jobs/show/logs -f/explain/
 cluster/suspend/resume/priority/cancel` as processes, against a real `gandiva server`."""
 
+import json
 import os
 import shutil
 import stat
@@ -148,3 +149,28 @@ def test_labels_json_output_cancel_by_label_and_submit_follow_exit_code(server, 
     failing = cli("submit", "-f", spec(tmp_path, "name: oops\ncommand: python -c 'raise "
                                                  "SystemExit(3)'\n"), config=alice, check=False)
     assert failing.returncode == 1 and "failed" in failing.stderr
+
+
+def test_a_sweep_from_spec_to_best_configuration_and_a_trials_curve(server, alice, tmp_path):
+    bad = spec(tmp_path, "name: s\ncommand: python cnn.py --lr {rate}\nmetric: loss\n"
+                         "space: {lr: {grid: [0.01, 0.05]}}\n")
+    r = cli("sweep", str(bad), config=alice, check=False)
+    assert r.returncode == 2 and "invalid sweep spec" in r.stderr
+    assert "{rate} names no parameter" in r.stderr  # the field, and what is wrong with it
+    good = spec(tmp_path, "name: s\ncommand: python cnn.py --steps 120 --lr {lr} --seed 1\n"
+                          "metric: loss\nspace: {lr: {grid: [0.00001, 0.05]}}\n")
+    sweep_id = cli("sweep", str(good), config=alice).stdout.strip()
+    shown = wait_for(lambda: json.loads(cli("sweep", "show", sweep_id, "--json",
+                                            config=alice).stdout),
+                     lambda s: all(t["state"] == "done" for t in s["trials"]), timeout=120)
+    assert [t["params"]["lr"] for t in shown["trials"]] == [0.00001, 0.05]
+    table = cli("sweep", "show", sweep_id, config=alice).stdout
+    assert table.index(shown["trials"][1]["job_id"]) < table.index(shown["trials"][0]["job_id"])
+    best = cli("sweep", "show", sweep_id, "--best", config=alice).stdout
+    assert "trial 1" in best and '"lr": 0.05' in best and "checkpoint: " in best
+    assert sweep_id in cli("sweep", "list", config=alice).stdout
+    job = shown["trials"][1]["job_id"]
+    lines = cli("metrics", job, "--names", "loss", "--json", "--follow",
+                config=alice).stdout.splitlines()
+    points = [json.loads(line) for line in lines]
+    assert points[-1] == {"metric": "loss", "step": 120, "value": shown["trials"][1]["value"]}

@@ -207,7 +207,7 @@ def test_a_sweeps_learning_curves_grey_its_stopped_trials_and_a_trial_opens_its_
     expect(stopped.first).to_have_class(re.compile(r"\bstopped\b"))
     expect(stopped.first).to_have_attribute("d", re.compile(r"^M[\d.]+,[\d.]+L"))
     expect(page.locator("#sweep-summary")).to_contain_text(re.compile(r"[1-9] stopped"))
-    running = page.locator('#sweep-curves path[data-decision="promoted"]').first
+    running = page.locator('#sweep-curves path[data-trial]:not([data-decision="stopped"])').first
     job = running.get_attribute("data-job")
     running.dispatch_event("click")
     expect(page.locator("#detail-title")).to_contain_text(job)

@@ -55,6 +55,12 @@ def test_a_sweeps_trials_are_drawn_from_its_seed_with_their_parameters_in_the_co
     assert grid_only.count() == 6 and len({tuple(p.values()) for p in grid_only.draw()}) == 6
 
 
+def test_the_example_sweep_spec_is_valid_and_draws_its_trials():
+    spec = parse((Path(__file__).resolve().parents[1] / "examples" / "sweep.yaml").read_text())
+    assert spec.count() == 16 and spec.stop.rule == "asha"
+    assert all("{" not in a for a in spec.trial_request(0, spec.draw()[0], "x").command)
+
+
 @pytest.mark.parametrize("change, field, says", [
     ("trials: 6\n", "trials", "drawn at random; say how many"),
     ("{lr}", "command", "{lrr} names no parameter"),
@@ -84,12 +90,13 @@ def test_a_rungs_value_is_the_mean_over_the_last_tenth_of_the_way_to_it():
 
 def test_asha_keeps_the_top_third_at_a_rung_and_the_first_to_arrive():
     judge = rules.judge
-    assert judge("asha", 5.0, {}, minimize=True).go_on  # alone: the best there
+    alone = judge("asha", 5.0, {}, minimize=True)
+    assert alone.go_on and not alone.sure  # the first there goes on, for want of company
     assert not judge("asha", 5.0, {0: 4.0}, minimize=True).go_on  # 2nd of 2: top 1 only
     six = {i: float(i) for i in range(5)}  # 0..4 recorded: a 6th keeps the top 2
     assert judge("asha", 0.5, six, minimize=True).go_on  # 2nd of 6
     v = judge("asha", 1.5, six, minimize=True)
-    assert not v.go_on and (v.rank, v.of) == (3, 6) and "top 2 of 6" in v.why
+    assert not v.go_on and v.sure and (v.rank, v.of) == (3, 6) and "top 2 of 6" in v.why
     assert judge("asha", 9.0, six, minimize=False).go_on  # mode max: higher is better
 
 
@@ -244,6 +251,9 @@ def test_a_sweep_stops_trials_at_its_rungs_promotes_the_rest_and_names_the_best(
                     == len(t["rungs"])
         # the trials that barely learn never win; the best is one that learns
         assert sweep["best"] is not None and sweep["best"]["params"]["lr"] in (0.05, 0.1)
+        from gandiva.job import checkpoint  # the best trial's final state, one field away
+        best = Path(sweep["best"]["checkpoint"])
+        assert best.exists() and checkpoint.steps(best.parent)[0] == 2000
         assert all(t["decision"] == "stopped" or t["state"] == "done"
                    for t in sweep["trials"])
     finally:
@@ -319,3 +329,26 @@ def test_an_optuna_studys_pruned_trials_are_stopped_by_the_scheduler(tmp_path):
                 assert t.value == client.metrics(j["id"], ["loss"])["loss"][-1][1]
                 assert max(t.intermediate_values) == 1500
         assert study.best_params["lr"] in (0.05, 0.1)
+
+
+def test_a_job_sends_what_its_turn_measured_before_it_is_suspended():
+    import gandiva.job as gj
+
+    ours, theirs = socket.socketpair()
+    job = gj.Job(env={"GANDIVA_CONTROL_FD": str(theirs.detach()), "GANDIVA_JOB_ID": "j"})
+    for step in range(5):  # well inside one report window: nothing sent yet
+        job.report(samples=1, loss=float(step))
+        if step < 4:
+            job.next_command()
+    ours.sendall(wire.encode(wire.Suspend()) + wire.encode(wire.Resume("cpu")))
+    job.boundary()  # the turn ends here: suspended, then resumed at once
+    ours.settimeout(5)
+    data = b""
+    while b'"resumed"' not in data:
+        data += ours.recv(65536)
+    reports = [wire.report(line) for line in data.splitlines()]
+    kinds = [type(r).__name__ for r in reports if not isinstance(r, wire.Hello)]
+    assert kinds == ["Profile", "Suspended", "Resumed"]
+    profile = next(r for r in reports if isinstance(r, wire.Profile))
+    assert profile.series["loss"] == [[s + 1, float(s)] for s in range(5)]
+    ours.close()

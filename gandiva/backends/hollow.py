@@ -184,6 +184,9 @@ class HollowNodes:
     def read_log(self, job_id: str, rank: int = 0, offset: int = 0) -> bytes:
         return b""  # no process, no output
 
+    def checkpoint_dir(self, job_id: str) -> None:
+        return None  # no process, no checkpoint
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

@@ -16,6 +16,7 @@ from __future__ import annotations
 import queue
 from collections.abc import Collection
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Protocol
 
 from gandiva.node.agent import AgentEvent, Launch
@@ -51,6 +52,9 @@ class Nodes(Protocol):
 
     def read_log(self, job_id: str, rank: int = 0, offset: int = 0) -> bytes:
         """A rank's output from ``offset``."""
+
+    def checkpoint_dir(self, job_id: str) -> Path | None:
+        """Where the job's checkpoints are kept on this machine (None: nowhere here)."""
 
     def close(self) -> None:
         """End every process and free what the nodes hold."""

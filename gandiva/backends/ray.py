@@ -289,6 +289,10 @@ class RayNodes:
         with self._act:
             self._stop(job_id, "park")
 
+    def checkpoint_dir(self, job_id: str) -> Path:
+        """The head's replicas of the job's checkpoints (each node's reaches it)."""
+        return self.replicas / job_id
+
     def read_log(self, job_id: str, rank: int = 0, offset: int = 0) -> bytes:
         """One rank's log from ``offset``, across its restarts and the nodes it ran on: the
         head's copy, then what the rank wrote since the last poll, if its node is up."""

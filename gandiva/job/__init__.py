@@ -327,6 +327,9 @@ class Job:
         if isinstance(command, wire.Resume):  # one that crossed a signal-based suspend
             return None  # (already running)
         if isinstance(command, wire.Suspend):
+            # what this turn measured goes out now, not after the next turn's first second:
+            # with short turns, a sweep would otherwise judge trials a turn late
+            self._flush_report(force=True)
             t0 = time.perf_counter()
             self._to("cpu")
             self._send(wire.Suspended(self.step, time.perf_counter() - t0))

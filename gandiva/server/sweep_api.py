@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, HTTPException, Query
 from pydantic import BaseModel
 
+from gandiva.job import checkpoint
 from gandiva.server.store import JobRow, SweepRow
 from gandiva.spec import JobState
 from gandiva.sweep.spec import SweepSpec
@@ -33,9 +34,11 @@ class TrialView(BaseModel):
     reason: str
     params: dict[str, Any]
     rungs: dict[str, float]  # rung (mini-batches) -> the trial's value there
-    decision: str  # running, promoted (past a rung), stopped
+    decision: str  # running; past its last rung: promoted, continued (let through for want
+    # of others to compare with), or stopped
     step: int | None  # of the latest value of the sweep's metric
     value: float | None
+    checkpoint: str | None = None  # (the best trial's) its newest checkpoint, on the server
 
 
 class SweepView(BaseModel):
@@ -61,6 +64,11 @@ def sweep_view(service: Any, row: SweepRow, trials: list[tuple[Any, JobRow]]) ->
     sign = 1 if spec.mode == "min" else -1
     done = [v for v in views if v.state == JobState.DONE and v.value is not None]
     best = min(done, key=lambda v: (sign * v.value, v.trial), default=None)
+    if best is not None:
+        where = service.backend.agent.checkpoint_dir(best.job_id)
+        newest = checkpoint.steps(where) if where is not None else []
+        if newest:
+            best = best.model_copy(update={"checkpoint": str(checkpoint.path(where, newest[0]))})
     return SweepView(id=row.id, name=row.name, created_at=row.created_at, metric=spec.metric,
                      mode=spec.mode, rule=spec.stop.rule, rungs=spec.stop.rungs,
                      trials=views, best=best)

@@ -1,10 +1,11 @@
 """The server's sweeps: each trial's reported values in, the sweep's decisions out.
 
 A sweep's trials are ordinary jobs, submitted together. As a trial reports the sweep's
-metric, the rule (``gandiva.sweep.rules``) judges it at each rung it reaches: a promoted
-trial's priority goes up by one a rung (the scheduler then runs it before the trials at
-lower rungs, time-slicing only among equals); a stopped one is cancelled, with the reason
-saying at which rung, with what value and rank. Its devices go to the next trial at once.
+metric, the rule (``gandiva.sweep.rules``) judges it at each rung it reaches: a trial surely
+promoted has its priority set to the sweep's plus the rungs it passed (the scheduler then runs
+it before the trials at lower rungs, time-slicing only among equals); one let through for want
+of company goes on as it was ("continued"); a stopped one is cancelled, with the reason saying
+at which rung, with what value and rank. Its devices go to the next trial at once.
 
 Decisions are stored before they are carried out; after a restart ``load`` takes every sweep
 with a trial not yet finished up again and carries out again what a crash may have left
@@ -36,7 +37,7 @@ class Trial:
     number: int
     job_id: str
     rungs: dict[int, float] = field(default_factory=dict)  # rung -> its value there
-    decision: str = "running"  # running, promoted, stopped
+    decision: str = "running"  # running, promoted, continued, stopped
     points: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=POINTS_KEPT))
 
 
@@ -107,14 +108,18 @@ class Sweeps:
             trial.rungs[rung] = value
             why = (f"sweep {trial.sweep.id}, rung {rung}: {spec.metric} {value:.4g}, "
                    f"#{verdict.rank} of {verdict.of} ({verdict.why})")
-            trial.decision = "promoted" if verdict.go_on else "stopped"
+            trial.decision = ("stopped" if not verdict.go_on
+                              else "promoted" if verdict.sure else "continued")
             self.service.store.set_trial(trial.sweep.id, trial.number,
                                          {str(r): v for r, v in trial.rungs.items()},
                                          trial.decision)
             if not verdict.go_on:
                 self._stop(trial, why)
                 return
-            self._promote(trial, why)
+            if verdict.sure:
+                self._promote(trial, why)
+            else:
+                self.service.store.record(trial.job_id, "sweep-continued", {"why": why})
 
     def forget(self, job_id: str) -> None:
         with self._lock:

@@ -14,6 +14,12 @@ at lower rungs, as the paper's AutoML ran its top configurations exclusively) or
   stops if its value is worse than the median of the other trials' values at the rung, once
   ``min_trials`` others have one.
 - ``none``: every trial runs to its end (the baseline a search is measured against).
+
+Decision: only a *sure* promotion (judged against enough others) raises a trial's priority. A
+trial let through for want of company (the first to reach a rung) goes on at the priority it
+had: raised, it would take the devices from the trials not yet judged and keep them until its
+next rung, and under strict priority classes a run of lucky early arrivals would screen the
+rest of the search out (measured: ``benchmarks/sweep.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ class Verdict:
     rank: int  # 1: the best recorded at the rung
     of: int  # trials recorded at the rung, this one included
     why: str
+    sure: bool  # judged against enough others (asha: at least ``reduction``; median:
+    # ``min_trials``), not let through for want of them
 
 
 def value_at(rung: int, points: Iterable[tuple[int, float]]) -> float | None:
@@ -54,15 +62,18 @@ def judge(rule: str, value: float, others: Mapping[int, float], minimize: bool,
     if rule == "asha":
         keep = max(1, n // reduction)
         go_on = better < keep
+        sure = n >= reduction
         why = f"{'in' if go_on else 'not in'} the top {keep} of {n}"
     elif rule == "median":
         if len(others) < min_trials:
-            return Verdict(True, rank, n, f"fewer than {min_trials} others to compare with")
+            return Verdict(True, rank, n, f"fewer than {min_trials} others to compare with",
+                           sure=False)
         median = statistics.median(others.values())
         go_on = not (value > median if minimize else value < median)
         why = f"{'not worse' if go_on else 'worse'} than the others' median {median:.4g}"
+        sure = True
     elif rule == "none":
-        go_on, why = True, "no early stopping"
+        go_on, why, sure = True, "no early stopping", False
     else:
         raise ValueError(f"rule must be asha, median or none, not {rule!r}")
-    return Verdict(go_on, rank, n, why)
+    return Verdict(go_on, rank, n, why, sure)
