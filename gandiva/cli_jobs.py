@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -83,6 +84,17 @@ def _labels(items: list[str] | None) -> dict[str, str]:
     return out
 
 
+def read_spec(path: Path, parse: Callable[[str, str], Any], hint: str = "") -> dict[str, Any]:
+    """A spec file, checked as the server checks it (``parse``), as JSON to send; a missing
+    file or a bad spec ends the command with the field and the fix."""
+    if not path.exists():
+        raise _fail(f"{path}: no such file{hint}")
+    try:
+        return parse(path.read_text(), str(path)).model_dump(mode="json")
+    except SpecError as e:
+        raise _fail(str(e)) from None
+
+
 def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=2))
 
@@ -114,14 +126,9 @@ def register(app: typer.Typer, user_app: typer.Typer) -> None:
                                                          "job fails or is cancelled")] = False,
                as_json: Json = False) -> None:
         """Submit a job; prints its id."""
-        if not spec.exists():
-            raise _fail(f"{spec}: no such file")
-        try:
-            req = parse(spec.read_text(), str(spec))  # the same checks the server makes
-        except SpecError as e:
-            raise _fail(str(e)) from None
+        body = read_spec(spec, parse)
         client = run(lambda: _client(url, token))
-        job = run(lambda: client.submit(req.model_dump(mode="json")))
+        job = run(lambda: client.submit(body))
         if as_json:
             _print_json(job)
         else:

@@ -23,9 +23,9 @@ from gandiva.cli_jobs import (
     _state,
     _when,
     console,
+    read_spec,
 )
 from gandiva.client import ClientError
-from gandiva.server.jobspec import SpecError
 from gandiva.sweep.spec import parse
 
 FOLLOW_EVERY_S = 2.0
@@ -141,15 +141,9 @@ def register(app: typer.Typer) -> None:
             else:
                 console.print(_sweep_table(s))
             return
-        spec = Path(what)
-        if not spec.exists():
-            raise _fail(f"{spec}: no such file (give a sweep spec, or show ID, or list)")
-        try:
-            req = parse(spec.read_text(), str(spec))  # the same checks the server makes
-        except SpecError as e:
-            raise _fail(str(e)) from None
+        body = read_spec(Path(what), parse, " (give a sweep spec, or show ID, or list)")
         client = run(lambda: _client(url, token))
-        s = run(lambda: client.submit_sweep(req.model_dump(mode="json")))
+        s = run(lambda: client.submit_sweep(body))
         if as_json:
             _print_json(s)
         else:

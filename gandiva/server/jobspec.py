@@ -148,10 +148,7 @@ class JobRequest(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.fullmatch(v):
-            raise ValueError("use 1-63 letters, digits, '.', '_' or '-', starting with a "
-                             "letter or digit")
-        return v
+        return check_name(v)
 
     @field_validator("command", mode="before")
     @classmethod
@@ -242,6 +239,14 @@ class JobRequest(BaseModel):
             raise ValueError(f"gpus ({self.gpus}) must lie within elastic min..max "
                              f"({self.elastic.min}..{self.elastic.max})")
         return self
+
+
+def check_name(v: str, most: int = 63) -> str:
+    """A job's (or a sweep's) name: what ids, labels and file names can carry."""
+    if not (_NAME.fullmatch(v) and len(v) <= most):
+        raise ValueError(f"use 1-{most} letters, digits, '.', '_' or '-', starting with a "
+                         "letter or digit")
+    return v
 
 
 def duration_s(text: str) -> float:

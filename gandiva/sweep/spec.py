@@ -41,7 +41,7 @@ from pydantic import (
     model_validator,
 )
 
-from gandiva.server.jobspec import _NAME, JobRequest, SpecError, problems
+from gandiva.server.jobspec import JobRequest, SpecError, check_name, problems
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 RANDOM = ("choice", "uniform", "log_uniform", "int")
@@ -69,7 +69,7 @@ class Stop(BaseModel):
 
 class SweepSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(max_length=56)  # trials are NAME-i, within a job name's 63
+    name: str
     command: list[str] | str
     workdir: str = "."
     env: dict[str, str] = Field(default_factory=dict)
@@ -88,10 +88,7 @@ class SweepSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.fullmatch(v):
-            raise ValueError("use 1-56 letters, digits, '.', '_' or '-', starting with a "
-                             "letter or digit")
-        return v
+        return check_name(v, most=56)  # trials are NAME-i, within a job name's 63
 
     @field_validator("space")
     @classmethod
