@@ -158,7 +158,8 @@ def test_a_sweep_from_spec_to_best_configuration_and_a_trials_curve(server, alic
     assert r.returncode == 2 and "invalid sweep spec" in r.stderr
     assert "{rate} names no parameter" in r.stderr  # the field, and what is wrong with it
     good = spec(tmp_path, "name: s\ncommand: python cnn.py --steps 120 --lr {lr} --seed 1\n"
-                          "metric: loss\nspace: {lr: {grid: [0.00001, 0.05]}}\n")
+                          "metric: loss\nspace: {lr: {grid: [0.00001, 0.05]}}\n"
+                          "stop: {rule: none}\n")
     sweep_id = cli("sweep", str(good), config=alice).stdout.strip()
     shown = wait_for(lambda: json.loads(cli("sweep", "show", sweep_id, "--json",
                                             config=alice).stdout),

@@ -53,6 +53,8 @@ def test_a_sweeps_trials_are_drawn_from_its_seed_with_their_parameters_in_the_co
     grid_only = parse("name: g\ncommand: python a.py {x} {y}\nmetric: loss\n"
                       "space: {x: {grid: [1, 2, 3]}, y: {grid: [a, b]}}")
     assert grid_only.count() == 6 and len({tuple(p.values()) for p in grid_only.draw()}) == 6
+    # no rule named: ASHA, at rungs of 100 mini-batches times powers of its reduction (3)
+    assert (grid_only.stop.rule, grid_only.stop.rungs) == ("asha", [100, 300, 900, 2700])
 
 
 def test_the_example_sweep_spec_is_valid_and_draws_its_trials():

@@ -15,7 +15,8 @@ stored.
       optimizer: sgd                              # a fixed value
     metric: loss
     mode: min                                     # or max
-    stop: {rule: asha, rungs: [50, 150, 450], reduction: 3}   # or median, or none
+    stop: {rule: asha, rungs: [50, 150, 450], reduction: 3}   # or median, or none;
+                                                  # default: asha at 100, 300, 900, 2700
 
 ``{name}`` in the command or an environment value is the trial's value of that parameter;
 ``{trial}`` is its number. Decision: grid points are taken in order, trial ``i`` getting
@@ -49,6 +50,10 @@ MAX_TRIALS = 1000
 Value = str | int | float | bool
 
 
+# ASHA's geometric rungs, r * reduction^k, from r = 100 mini-batches: where a spec names none
+DEFAULT_RUNGS = [100, 300, 900, 2700]
+
+
 class Stop(BaseModel):
     model_config = ConfigDict(extra="forbid")
     rule: Literal["asha", "median", "none"] = "asha"
@@ -59,8 +64,7 @@ class Stop(BaseModel):
     @model_validator(mode="after")
     def _rungs(self) -> Stop:
         if self.rule != "none" and not self.rungs:
-            raise ValueError(f"rungs: {self.rule} stops trials at rungs; give them in "
-                             "mini-batches, e.g. rungs: [50, 150, 450]")
+            self.rungs = list(DEFAULT_RUNGS)
         if any(r < 1 for r in self.rungs) or self.rungs != sorted(set(self.rungs)):
             raise ValueError("rungs: give positive mini-batch counts in ascending order, "
                              "each once")
@@ -83,7 +87,7 @@ class SweepSpec(BaseModel):
     space: dict[str, Any] = Field(min_length=1)
     metric: str = Field(min_length=1, max_length=64)
     mode: Literal["min", "max"] = "min"
-    stop: Stop = Field(default_factory=lambda: Stop(rule="none"))
+    stop: Stop = Field(default_factory=Stop)  # ASHA at DEFAULT_RUNGS
 
     @field_validator("name")
     @classmethod
