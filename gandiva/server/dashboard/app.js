@@ -491,35 +491,41 @@ const curves = {
 const CURVE = { height: 200, left: 52, right: 12, top: 10, bottom: 26 };
 const CURVES_SHOWN = 3; // a job's metrics drawn (one chart each)
 
-// Lines [{points, attrs, title}] on one chart of steps (x) against values (y); a logarithmic
-// y axis where positive values span more than two decades (a diverging trial's loss).
-function curveChart(lines, label, container) {
+// Lines [{points, attrs, title}] on one chart of steps (x) against values (y). Each axis is
+// logarithmic where its values span more than two decades: steps, so that the first rungs
+// (where most trials of a sweep stop) are not squeezed into the left edge; values, for a
+// loss that falls by orders of magnitude.
+function curveChart(lines, name, container) {
   const all = lines.flatMap((l) => l.points);
   const { height, left, right, top, bottom } = CURVE;
   const width = widthOf(container);
-  if (!all.length) return el("p", { class: "muted small" }, `no ${label} reported yet`);
+  if (!all.length) return el("p", { class: "muted small" }, `no ${name} reported yet`);
   const steps = all.map((p) => p[0]);
   const values = all.map((p) => p[1]);
   const [x0, x1] = [Math.min(...steps), Math.max(...steps, Math.min(...steps) + 1)];
   let [y0, y1] = [Math.min(...values), Math.max(...values)];
   const log = y0 > 0 && y1 / y0 > 100;
+  const logX = x0 > 0 && x1 / x0 > 100;
   const f = log ? Math.log10 : (v) => v;
+  const g = logX ? Math.log10 : (s) => s;
   if (y0 === y1) [y0, y1] = [y0 - 1, y1 + 1];
-  const x = (s) => left + ((s - x0) / (x1 - x0)) * (width - left - right);
+  const x = (s) => left + ((g(s) - g(x0)) / (g(x1) - g(x0))) * (width - left - right);
   const y = (v) => top + (1 - (f(v) - f(y0)) / (f(y1) - f(y0))) * (height - top - bottom);
+  const label = (v) => (Math.abs(v) < 0.01 && v !== 0 ? v.toExponential(1) : v.toPrecision(3));
   const paths = lines.map((l) => svg("path", { class: "curve", ...l.attrs,
     d: l.points.map(([s, v], i) => `${i ? "L" : "M"}${x(s).toFixed(1)},${y(v).toFixed(1)}`)
       .join("") }, tooltip(l.title)));
   const axis = [y0, y1].flatMap((v) => [
     svg("line", { class: "grid", x1: left, x2: width - right, y1: y(v), y2: y(v) }),
-    svg("text", { class: "axis", x: left - 4, y: y(v) + 4, "text-anchor": "end" },
-      v.toPrecision(3)),
+    svg("text", { class: "axis", x: left - 4, y: y(v) + 4, "text-anchor": "end" }, label(v)),
   ]);
-  const ticks = [x0, x1].map((s, i) => svg("text", { class: "axis", x: x(s), y: height - 8,
-    "text-anchor": i ? "end" : "start" }, i ? `${s} mini-batches` : String(s)));
+  const marks = logX ? [1, 10, 100, 1000, 10000, 100000].filter((s) => s > x0 && s < x1) : [];
+  const ticks = [x0, ...marks, x1].map((s, i, all) => svg("text", { class: "axis", x: x(s),
+    y: height - 8, "text-anchor": i === 0 ? "start" : i === all.length - 1 ? "end" : "middle" },
+  i === all.length - 1 ? `${s} mini-batches${logX ? " (log)" : ""}` : String(s)));
   return svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
-    "data-metric": label, "data-log": log,
-    "aria-label": `${label} against mini-batches${log ? " (log scale)" : ""}` },
+    "data-metric": name, "data-log": log, "data-log-steps": logX,
+    "aria-label": `${name} against mini-batches${log || logX ? " (log scale)" : ""}` },
   ...axis, ...ticks, ...paths);
 }
 
