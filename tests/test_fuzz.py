@@ -154,8 +154,10 @@ schema = schemathesis.openapi.from_dict(create_app(SimpleNamespace(store=None)).
 
 # Checks not run, by operation ("*": all). A submission that fits the schema may still be
 # refused (422) for what no schema can state: its workdir must exist in the user's base
-# directory, it may not ask for more GPUs than the cluster has or set a reserved variable.
-EXCLUDED_CHECKS = {"POST /v1/jobs": [checks.positive_data_acceptance]}
+# directory, it may not ask for more GPUs than the cluster has or set a reserved variable;
+# a sweep's command may name only parameters of its space, and each trial must be a job.
+EXCLUDED_CHECKS = {"POST /v1/jobs": [checks.positive_data_acceptance],
+                   "POST /v1/sweeps": [checks.positive_data_acceptance]}
 
 
 def checks_not_run(case) -> list:
@@ -212,6 +214,11 @@ def steer(case, world: World) -> None:
             case.body["workdir"] = pick(case.body["workdir"], [".", "sub", "sub/", "./sub"])
 
 
+def fill(path: str, job_id: str) -> str:
+    """An operation's path with its parameters: the job, the user bob, a sweep of nobody's."""
+    return path.format(job_id=job_id, name="bob", sweep_id="nobody-1234")
+
+
 def follows_a_live_log(case, world: World) -> bool:
     """Whether the call follows the log of a job the fuzzer may see that has not ended:
     its answer goes on until the job ends, which it never will (nothing runs)."""
@@ -242,6 +249,10 @@ def test_every_operation_answers_within_its_schema(case, world):
     if case.method == "POST" and case.path == "/v1/jobs" and response.status_code == 201:
         row = world.service.store.job(world.principal(world.fuzzer), response.json()["id"])
         assert confined(row.spec, world.home(world.fuzzer)), row.spec
+    if case.method == "POST" and case.path == "/v1/sweeps" and response.status_code == 201:
+        for trial in response.json()["trials"]:  # every trial is a job, confined as one
+            row = world.service.store.job(world.principal(world.fuzzer), trial["job_id"])
+            assert confined(row.spec, world.home(world.fuzzer)), row.spec
 
 
 # ---- security properties ---------------------------------------------------------------
@@ -291,8 +302,7 @@ def test_another_users_jobs_are_not_found_on_any_per_job_endpoint(world):
     bob = world.principal("bob")
 
     def call(method, path, job_id):
-        return world.client.request(method, path.format(job_id=job_id, name="bob"),
-                                    headers=world.auth("ada"),
+        return world.client.request(method, fill(path, job_id), headers=world.auth("ada"),
                                     json={"priority": 1} if method == "PATCH" else None)
 
     for job_id in world.jobs["bob"]:
@@ -320,8 +330,8 @@ def test_every_operation_refuses_a_request_without_a_valid_token(world, authoriz
     for method, path in OPERATIONS:
         valid, wrong = bodies.get(method, [None, None])
         for body, query in ((valid, {}), (wrong, invalid)):
-            r = world.client.request(method, path.format(job_id=job_id, name="bob"), params=query,
-                                     json=body, headers=headers)
+            r = world.client.request(method, fill(path, job_id), params=query, json=body,
+                                     headers=headers)
             assert r.status_code == 401, (method, path, query, body, r.text)
             assert r.headers["www-authenticate"] == "Bearer"
     assert len(store.all_events(world.principal("root"), limit=100_000)) == events

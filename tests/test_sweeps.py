@@ -258,6 +258,9 @@ def test_a_sweep_stops_trials_at_its_rungs_promotes_the_rest_and_names_the_best(
         assert best.exists() and checkpoint.steps(best.parent)[0] == 2000
         assert all(t["decision"] == "stopped" or t["state"] == "done"
                    for t in sweep["trials"])
+        bob = {"Authorization": f"Bearer {up.store.add_user('bob')}"}  # another user's sweep
+        assert c.get(f"/v1/sweeps/{sweep['id']}", headers=bob).status_code == 404
+        assert c.get("/v1/sweeps", headers=bob).json() == []
     finally:
         up.crash()
 

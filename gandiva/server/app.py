@@ -653,9 +653,9 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
     def jobs(request: Request, response: Response, who: Who,
              state: Annotated[str | None, Query(
                  description="Comma-separated states, e.g. queued,running")] = None,
-             label: Annotated[list[str] | None, Query(
+             label: Annotated[list[str], Query(
                  description="key=value, or key (any value); repeat for jobs with all of "
-                             "them")] = None,
+                             "them")] = [],  # noqa: B006 (FastAPI copies a default)
              user: Annotated[str | None, Query(description="Only this user's jobs (admins)")]
              = None,
              after: Annotated[str | None, Query(description="The last job id of the page "

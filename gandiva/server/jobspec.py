@@ -19,6 +19,7 @@ so one user's job can neither read nor overwrite another's state.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from pathlib import PurePosixPath
@@ -122,28 +123,7 @@ class JobRequest(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _text(cls, data: Any) -> Any:
-        """JSON can carry a lone surrogate ("\\udc80"); it is no character, and nothing
-        downstream (the database, a process's argv, an answer) can write it."""
-        def bad(value: Any) -> bool:
-            if isinstance(value, str):
-                try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError:
-                    return True
-                return False
-            if isinstance(value, dict):
-                return any(bad(k) or bad(v) for k, v in value.items())
-            if isinstance(value, list):
-                return any(bad(v) for v in value)
-            return False
-
-        if isinstance(data, dict):
-            for key, value in data.items():
-                if bad(key) or bad(value):
-                    field = key.encode("utf-8", "backslashreplace").decode()
-                    raise ValueError(f"{field}: holds a lone surrogate, which is no "
-                                     "character; send UTF-8 text")
-        return data
+        return storable(data)
 
     @field_validator("name")
     @classmethod
@@ -239,6 +219,35 @@ class JobRequest(BaseModel):
             raise ValueError(f"gpus ({self.gpus}) must lie within elastic min..max "
                              f"({self.elastic.min}..{self.elastic.max})")
         return self
+
+
+def storable(data: Any) -> Any:
+    """A spec's fields as the database and an answer can hold them, or ValueError naming the
+    field. JSON can carry a lone surrogate ("\\udc80"), which is no character, and (as
+    Python reads it) NaN and Infinity, which JSON has no numbers for; nothing downstream
+    (the database, a process's argv, an answer) can write either."""
+    def bad(value: Any) -> str | None:
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return "holds a lone surrogate, which is no character; send UTF-8 text"
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            return "holds NaN or an infinity, which JSON has no number for"
+        if isinstance(value, dict):
+            return next((b for k, v in value.items() if (b := bad(k) or bad(v))), None)
+        if isinstance(value, list):
+            return next((b for v in value if (b := bad(v))), None)
+        return None
+
+    if isinstance(data, dict):
+        for key, value in data.items():
+            problem = bad(key) or bad(value)
+            if problem:
+                field = str(key).encode("utf-8", "backslashreplace").decode()
+                raise ValueError(f"{field}: {problem}")
+    return data
 
 
 def check_name(v: str, most: int = 63) -> str:

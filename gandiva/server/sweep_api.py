@@ -23,7 +23,7 @@ POINTS_MAX = 100_000  # points in one answer; ask again ``after`` the last step 
 
 class Curves(BaseModel):
     job_id: str
-    series: dict[str, list[tuple[int, float, float]]]  # metric -> [step, value, at]
+    series: dict[str, list[list[int | float]]]  # metric -> [[step, value, at], ...], by step
 
 
 class TrialView(BaseModel):

@@ -84,7 +84,7 @@ class Sweeps:
             with self._lock:
                 self.by_job[trial.job_id] = trial
             if trial.decision == "stopped":
-                self._stop(trial, "(carried out after a restart)")
+                self._stop(trial, f"sweep {sweep.id} (decided before a restart)")
             elif trial.decision == "promoted" and job.priority != self._priority(trial):
                 self._promote(trial)
         return len(live)

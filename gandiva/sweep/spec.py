@@ -42,7 +42,7 @@ from pydantic import (
     model_validator,
 )
 
-from gandiva.server.jobspec import JobRequest, SpecError, check_name, problems
+from gandiva.server.jobspec import JobRequest, SpecError, check_name, problems, storable
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 RANDOM = ("choice", "uniform", "log_uniform", "int")
@@ -88,6 +88,11 @@ class SweepSpec(BaseModel):
     metric: str = Field(min_length=1, max_length=64)
     mode: Literal["min", "max"] = "min"
     stop: Stop = Field(default_factory=Stop)  # ASHA at DEFAULT_RUNGS
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any) -> Any:
+        return storable(data)
 
     @field_validator("name")
     @classmethod
