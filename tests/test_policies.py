@@ -133,3 +133,22 @@ def test_jobs_that_did_not_fit_start_on_a_server_that_joins(policy):
     cluster.check_invariants()
     assert all(j.status is JobStatus.RUNNING for j in cluster.jobs.values())
     assert cluster.servers_of(cluster.jobs["b"].gpus + cluster.jobs["wide"].gpus) == {1}
+
+
+@pytest.mark.parametrize("policy", ["fifo", "las", "gandiva"])
+def test_a_cancelled_jobs_device_goes_to_a_waiting_job_in_the_same_decision(policy):
+    """What a sweep relies on: the device of a trial it stops is reused at once, not at the
+    next time-slicing round."""
+    from conftest import drive
+
+    from gandiva import actions as A
+    from gandiva import events as E
+
+    sched, actions = drive("1x1", policy, *(E.Arrival(float(i), job(j, float(i), 1, 600))
+                                            for i, j in enumerate(("a", "b"))))
+    running = [j.id for j in sched.cluster.jobs.values() if j.gpus]
+    assert len(running) == 1
+    before = len(actions)
+    sched.handle(E.Departure(10.0, running[0], how="cancelled"))
+    started = [a for a in actions[before:] if isinstance(a, A.Place | A.Resume)]
+    assert [a.job_id for a in started] == [j for j in "ab" if j != running[0]]
