@@ -99,15 +99,17 @@ def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=2))
 
 
+def run(call: Callable[[], Any]) -> Any:
+    """``call()``, a client's error ending the command with its message."""
+    try:
+        return call()
+    except ClientError as e:
+        raise _fail(str(e)) from None
+
+
 def register(app: typer.Typer, user_app: typer.Typer) -> None:
     """Add the client commands to the ``gandiva`` command line, and the user commands that
     go through a running server (so a revoked token stops working at once)."""
-
-    def run(call):
-        try:
-            return call()
-        except ClientError as e:
-            raise _fail(str(e)) from None
 
     @app.command()
     def login(url: Url = None, token: Token = None) -> None:

@@ -24,8 +24,8 @@ from gandiva.cli_jobs import (
     _when,
     console,
     read_spec,
+    run,
 )
-from gandiva.client import ClientError
 from gandiva.sweep.spec import parse
 
 FOLLOW_EVERY_S = 2.0
@@ -53,12 +53,6 @@ def _sweep_table(s: dict[str, Any]) -> Table:
 
 
 def register(app: typer.Typer) -> None:
-    def run(call):
-        try:
-            return call()
-        except ClientError as e:
-            raise _fail(str(e)) from None
-
     @app.command()
     def metrics(job_id: JobId, url: Url = None, token: Token = None,
                 names: Annotated[str | None, typer.Option(

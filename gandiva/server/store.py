@@ -553,16 +553,22 @@ class Store:
                 for i, ((params, _), p) in enumerate(zip(trials, news, strict=True))])
         return SweepRow(**sweep), [JobRow(**p.job) for p in news]
 
-    def sweeps(self, who: Principal | None = None, sweep_id: str | None = None
-               ) -> list[SweepRow]:
-        """Sweeps ``who`` may see (all: None), newest first; or the one with ``sweep_id``."""
+    def sweeps(self, who: Principal | None = None, sweep_id: str | None = None,
+               limit: int | None = None, unfinished: bool = False) -> list[SweepRow]:
+        """Sweeps ``who`` may see (all: None), newest first, at most ``limit``; or the one
+        with ``sweep_id``; ``unfinished``: only those with a trial not yet finished (what a
+        restarted server takes up, whatever the number of sweeps that ended before)."""
         with Session(self.engine, expire_on_commit=False) as s:
             q = select(SweepRow).order_by(SweepRow.created_at.desc(), SweepRow.id)
             if who is not None and not who.admin:
                 q = q.where(SweepRow.user_id == who.id)
             if sweep_id is not None:
                 q = q.where(SweepRow.id == sweep_id)
-            return list(s.scalars(q))
+            if unfinished:
+                live = (select(TrialRow.sweep_id).join(JobRow, JobRow.id == TrialRow.job_id)
+                        .where(JobRow.state.not_in(TERMINAL)))
+                q = q.where(SweepRow.id.in_(live))
+            return list(s.scalars(q.limit(limit)))
 
     def trials(self, sweep_ids: list[str]) -> list[tuple[TrialRow, JobRow]]:
         """The sweeps' trials with their jobs, in sweep and trial order."""

@@ -105,7 +105,7 @@ def routes(app: FastAPI, service: Any, Who: Any, visible: Callable[..., JobRow],
     def sweeps(who: Who, limit: Annotated[int, Query(ge=1, le=1000)] = 100
                ) -> list[SweepView]:
         """Your sweeps (an admin: everyone's), newest first."""
-        rows = store.sweeps(who)[:limit]
+        rows = store.sweeps(who, limit=limit)
         trials: dict[str, list] = {row.id: [] for row in rows}
         for t, job in store.trials(list(trials)):
             trials[t.sweep_id].append((t, job))

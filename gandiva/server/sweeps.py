@@ -69,12 +69,8 @@ class Sweeps:
         decisions not yet carried out are carried out. Returns how many sweeps."""
         store = self.service.store
         sweeps = {row.id: Sweep(row.id, SweepSpec.model_validate(row.spec))
-                  for row in store.sweeps()}
-        rows = store.trials(list(sweeps))
-        live = {t.sweep_id for t, job in rows if job.state not in TERMINAL}
-        for t, job in rows:
-            if t.sweep_id not in live:
-                continue
+                  for row in store.sweeps(unfinished=True)}
+        for t, job in store.trials(list(sweeps)):
             sweep = sweeps[t.sweep_id]
             trial = Trial(sweep, t.trial, t.job_id, {int(r): v for r, v in t.rungs.items()},
                           t.decision)
@@ -87,7 +83,7 @@ class Sweeps:
                 self._stop(trial, f"sweep {sweep.id} (decided before a restart)")
             elif trial.decision == "promoted" and job.priority != self._priority(trial):
                 self._promote(trial)
-        return len(live)
+        return len(sweeps)
 
     def observe(self, job_id: str, series: dict[str, list[list[float]]]) -> None:
         """(The loop.) A job reported ``series``; if it is a trial, judge it at every rung
