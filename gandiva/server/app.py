@@ -541,8 +541,11 @@ class Service:
         """(The loop.) A job's metric points: kept until the next flush, and judged if the
         job is a sweep's trial."""
         now = time.time()
-        self._points.extend({"job_id": rec.spec.id, "name": name[:64], "step": int(step),
-                             "value": float(value), "at": now}
+        series = {name[:64]: [(int(step), float(value)) for step, value in points
+                              if 0 <= step <= sweep_api.STEP_MAX and math.isfinite(value)]
+                  for name, points in series.items()}
+        self._points.extend({"job_id": rec.spec.id, "name": name, "step": step,
+                             "value": value, "at": now}
                             for name, points in series.items() for step, value in points)
         self.sweeps.observe(rec.spec.id, series)
 

@@ -18,6 +18,8 @@ from gandiva.server.store import JobRow, SweepRow
 from gandiva.spec import JobState
 from gandiva.sweep.spec import SweepSpec
 
+STEP_MAX = 2**31 - 1  # metric_points.step is a 32-bit INTEGER (on PostgreSQL): a point
+# reported at a step beyond it is left out, and no step after it can be asked for
 POINTS_MAX = 100_000  # points in one answer; ask again ``after`` the last step for more
 
 
@@ -82,7 +84,8 @@ def routes(app: FastAPI, service: Any, Who: Any, visible: Callable[..., JobRow],
     def metrics_of(job_id: str, who: Who,
                    names: Annotated[str | None, Query(
                        description="Comma-separated metrics (default: all)")] = None,
-                   after: Annotated[int, Query(ge=-1, description="Only steps after this")]
+                   after: Annotated[int, Query(ge=-1, le=STEP_MAX,
+                                               description="Only steps after this")]
                    = -1,
                    limit: Annotated[int, Query(ge=1, le=POINTS_MAX)] = 10_000) -> Curves:
         """The job's learning curves: every value it reported, by step (mini-batches done),
