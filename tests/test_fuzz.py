@@ -114,7 +114,7 @@ def world(request, tmp_path_factory):
            else request.getfixturevalue("postgres").create_database())
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(app_module, "FOLLOW_POLL_S", 0.05)
-        mp.setattr(local, "Agent", functools.partial(Agent, warm_pool=0))
+        mp.setattr(local, "Agent", functools.partial(Agent, warm=False))
         w = build_world(tmp, url, fuzzer, db)
         yield w
         w.service.backend.agent.close()

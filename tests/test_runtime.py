@@ -212,6 +212,54 @@ def test_crashing_script_fails_with_its_error_and_the_agent_survives(tmp_path):
         agent.close()
 
 
+def test_a_warm_start_is_a_fork_of_the_zygote_that_runs_the_script_as_python_would(tmp_path):
+    """A fork of the zygote (torch imported once per node) runs the job's script as
+    ``__main__`` with its arguments, environment, directory and exit status; and when the
+    zygote dies, jobs start cold until a new one is ready."""
+    facts = tmp_path / "facts.txt"
+    script = tmp_path / "facts.py"
+    script.write_text(
+        "import atexit, os, sys\n"
+        "out = open(sys.argv[1], 'a')\n"
+        "out.write(f'{__name__} {sys.argv[2]} {os.getcwd()} {os.environ[\"MINE\"]} '\n"
+        "          f'{os.getppid()} {\"torch\" in sys.modules}\\n')\n"
+        "atexit.register(lambda: out.write('atexit ran\\n') or out.close())\n"
+        "sys.exit(int(sys.argv[3]))\n")
+    agent = Agent(tmp_path / "agent", ["cpu:0"], max_restarts=0)
+    try:
+        deadline = time.monotonic() + 60
+        while not agent.warm_ready():
+            assert time.monotonic() < deadline, "the zygote never became ready"
+            time.sleep(0.05)
+        zygote = agent._zygote.proc.pid
+
+        def run(job: str, code: int, kind: str = "done", cwd: Path = tmp_path):
+            agent.start(job, Launch(["{python}", str(script), str(facts), job, str(code)],
+                                    cwd=cwd, env={"MINE": job.upper()}), (0,))
+            return wait_for(agent, kind, job) if kind == "done" else None
+
+        run("warm", 0)
+        assert facts.read_text().splitlines() == [
+            f"__main__ warm {tmp_path} WARM {zygote} True", "atexit ran"]
+        run("three", 3, kind="")
+        with pytest.raises(AssertionError, match="exited with status 3"):
+            wait_for(agent, "done", "three")
+        os.kill(zygote, signal.SIGKILL)  # a dead zygote: the next job starts cold, and works
+        agent._zygote.proc.wait(timeout=10)
+        facts.unlink()
+        run("cold", 0)
+        line = facts.read_text().splitlines()[0].split()
+        assert line[:4] == ["__main__", "cold", str(tmp_path), "COLD"]
+        assert line[4] != str(zygote) and line[5] == "False"  # a fresh interpreter
+        deadline = time.monotonic() + 60
+        while not agent.warm_ready():  # ...and a new zygote takes over
+            assert time.monotonic() < deadline, "no new zygote"
+            time.sleep(0.05)
+        assert agent._zygote.proc.pid != zygote
+    finally:
+        agent.close()
+
+
 def start_plain(agent: Agent, tmp_path: Path, source: str, until: str = "") -> Path:
     """Start a script that does not use the job library; it writes to the file returned.
     Return once that file holds ``until`` (or anything, if ``until`` is empty)."""

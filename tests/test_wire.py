@@ -11,7 +11,8 @@ MESSAGES = [
     wire.Suspend(), wire.Resume("cuda:1"), wire.Checkpoint(exit=True),
     wire.Checkpoint(periodic=True), wire.Become(["train.py", "--lr", "0.1"], {"A": "1"}, "/w",
                                                 "/w/log"),
-    wire.Ready(), wire.Hello(pid=42, rank=3), wire.Started(7, 5),
+    wire.Fork(), wire.Ready(), wire.Forked(4242), wire.Exited(4242, -9),
+    wire.Hello(pid=42, rank=3), wire.Started(7, 5),
     wire.Profile(9, mini_batch_time=0.25, memory_gb=1.5, utilization=0.8, samples_per_s=128.0,
                  metrics={"loss": 0.5}, series={"loss": [[8, 0.6], [9, 0.5]]}),
     wire.Suspended(9, 0.01), wire.Resumed(9, "cpu", 0.02), wire.Checkpointed(9, None),
@@ -38,5 +39,5 @@ def test_a_field_a_newer_peer_adds_is_ignored_and_a_stranger_is_refused():
 
 def test_commands_and_reports_are_told_apart_by_their_tag():
     assert {type(m).__name__ for m in MESSAGES if isinstance(m, wire.Command)} == {
-        "Suspend", "Resume", "Checkpoint", "Become"}
+        "Suspend", "Resume", "Checkpoint", "Fork", "Become"}
     assert all(dataclasses.is_dataclass(m) for m in MESSAGES)

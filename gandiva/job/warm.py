@@ -1,55 +1,104 @@
-"""A warm process: Python with PyTorch and the job library already imported, waiting to
-become a job.
+"""Warm starts: a zygote, Python with PyTorch and the job library already imported, that
+forks a process for each job.
 
-Starting a fresh Python and importing torch takes about 2 s here, far more than restoring a
-small checkpoint: without a warm process, a migration of an 8 MB job costs ten times the
-paper's 0.22 s. As the paper warms the destination before it moves a job, the agent keeps a
-few of these ready. On "go" (one line on the control channel: argv, environment, working
-directory, log file) the process takes on the job's environment and log, and runs the script
-as ``__main__``. It never touches CUDA before that, so CUDA_VISIBLE_DEVICES still applies.
+Starting a fresh Python and importing torch takes about 3 s of CPU here, far more than a
+small job's first mini-batches or the restore of a small checkpoint: without warm starts, a
+migration of an 8 MB job costs ten times the paper's 0.22 s, and a search that judges each
+trial after 100 mini-batches spends most of its time importing. As the paper warms the
+destination before it moves a job, the agent keeps one zygote per node; a fork of it is
+ready in ~10 ms and shares the zygote's memory until it writes to it.
+
+The protocol (``wire``): the zygote says ``Ready`` once its imports are done. For ``Fork``
+(with a socket passed by SCM_RIGHTS) it forks a child, answers ``Forked(pid)``, and when a
+child ends, ``Exited(pid, code)``: it is the children's parent, so only it learns their exit
+status. The child is a warm process: on ``Become`` (argv, environment, working directory,
+log file) on its socket, it takes on the job's environment and log and runs the script as
+``__main__``; when the script ends, the interpreter exits as after ``python script.py``
+(exit status, traceback, ``atexit`` handlers).
+
+Decisions: the zygote imports only, it computes nothing. PyTorch's CPU thread pools (OpenMP)
+are not safe to fork once started, and CUDA is never touched before the child has the job's
+CUDA_VISIBLE_DEVICES. A child starts its own session, so the agent signals it as a group.
 """
 
 from __future__ import annotations
 
 import os
 import runpy
+import selectors
+import signal
 import socket
 import sys
 
 from gandiva.job import wire
 
-
-def warm_up() -> None:
-    """Pay for the imports a job needs before it needs them: torch, and what its first
-    optimizer pulls in lazily (about 1 s here, torch._dynamo among it)."""
-    import torch
-
-    import gandiva.job  # noqa: F401
-
-    layer = torch.nn.Linear(4, 4)
-    for opt in (torch.optim.SGD(layer.parameters(), lr=0.1, momentum=0.9),
-                torch.optim.Adam(layer.parameters())):
-        layer(torch.zeros(2, 4)).sum().backward()
-        opt.step()
-    torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1)
+# what a job's first mini-batches would import lazily (torch._dynamo: about 1 s here)
+PRELOAD = ("torch", "torch.nn", "torch.optim", "torch._dynamo", "gandiva.job")
 
 
-def main() -> None:
-    fd = int(os.environ["GANDIVA_CONTROL_FD"])
-    warm_up()
+def preload() -> None:
+    for name in PRELOAD:
+        __import__(name)
 
-    sock = socket.socket(fileno=fd)
+
+def zygote(sock: socket.socket) -> socket.socket:
+    """Serve ``Fork`` requests on ``sock`` until it closes (then exit). Returns only in a
+    forked child: its control channel."""
+    wake_r, wake_w = socket.socketpair()
+    wake_r.setblocking(False)
+    wake_w.setblocking(False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w.fileno())
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
     sock.sendall(wire.encode(wire.Ready()))
+    while True:
+        for key, _ in sel.select():
+            if key.fileobj is wake_r:
+                try:
+                    wake_r.recv(4096)
+                except BlockingIOError:
+                    pass
+                continue
+            data, fds, _, _ = socket.recv_fds(sock, 4096, 1)
+            if not data:
+                sys.exit(0)  # the agent closed the channel
+            wire.command(data)  # a Fork: nothing else is sent here
+            channel = socket.socket(fileno=fds[0])
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for s in (sock, wake_r, wake_w):
+                    s.close()
+                sel.close()
+                os.setsid()
+                return channel
+            channel.close()
+            sock.sendall(wire.encode(wire.Forked(pid)))
+        while True:  # reap every child that ended
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            sock.sendall(wire.encode(wire.Exited(pid, os.waitstatus_to_exitcode(status))))
+
+
+def become(channel: socket.socket) -> None:
+    """Wait for ``Become`` on ``channel`` and run the job's script as ``__main__``."""
     line = b""
     while not line.endswith(b"\n"):  # byte by byte: what follows belongs to the job
         try:
-            c = sock.recv(1)
+            c = channel.recv(1)
         except OSError:
             c = b""
         if not c:
-            sys.exit(0)  # the agent closed the pool
+            sys.exit(0)  # the agent closed it before giving a job
         line += c
-    sock.detach()  # the fd stays open: it is the job's control channel now
+    fd = channel.detach()  # the fd stays open: it is the job's control channel now
     go = wire.command(line)
     assert isinstance(go, wire.Become), go
     log = os.open(go.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -58,10 +107,17 @@ def main() -> None:
     os.close(log)
     os.environ.clear()
     os.environ.update(go.env)
+    os.environ["GANDIVA_CONTROL_FD"] = str(fd)
     os.chdir(go.cwd)
     sys.argv = go.argv
     sys.path[0] = os.path.dirname(os.path.abspath(go.argv[0]))
     runpy.run_path(go.argv[0], run_name="__main__")
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(os.environ["GANDIVA_CONTROL_FD"]))
+    preload()
+    become(zygote(sock))
 
 
 if __name__ == "__main__":

@@ -41,6 +41,14 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
+class Fork:
+    """(To the zygote, ``gandiva.job.warm``.) Fork a warm process whose control channel is
+    the socket sent with this message (SCM_RIGHTS)."""
+
+    op: ClassVar[str] = "fork"
+
+
+@dataclass(frozen=True)
 class Become:
     """(To a warm process, ``gandiva.job.warm``.) Become this job: run ``argv`` with ``env``
     in ``cwd``, writing to ``log``. What follows on the channel is the job's."""
@@ -52,7 +60,7 @@ class Become:
     op: ClassVar[str] = "become"
 
 
-Command = Suspend | Resume | Checkpoint | Become
+Command = Suspend | Resume | Checkpoint | Fork | Become
 
 
 # ---- reports: job -> agent ------------------------------------------------------------------
@@ -61,6 +69,24 @@ class Ready:
     """(From a warm process.) Warmed up: it can become a job."""
 
     ev: ClassVar[str] = "ready"
+
+
+@dataclass(frozen=True)
+class Forked:
+    """(From the zygote.) The warm process asked for is ``pid``."""
+
+    pid: int
+    ev: ClassVar[str] = "forked"
+
+
+@dataclass(frozen=True)
+class Exited:
+    """(From the zygote.) Its child ``pid`` ended: ``code`` as ``Popen.returncode`` gives
+    it (the exit status, or minus the signal that killed it)."""
+
+    pid: int
+    code: int
+    ev: ClassVar[str] = "exited"
 
 
 @dataclass(frozen=True)
@@ -123,11 +149,12 @@ class Done:
     ev: ClassVar[str] = "done"
 
 
-Report = Ready | Hello | Started | Profile | Suspended | Resumed | Checkpointed | Done
+Report = (Ready | Forked | Exited | Hello | Started | Profile | Suspended | Resumed | Checkpointed
+          | Done)
 
-COMMANDS = {c.op: c for c in (Suspend, Resume, Checkpoint, Become)}
-REPORTS = {r.ev: r for r in (Ready, Hello, Started, Profile, Suspended, Resumed, Checkpointed,
-                              Done)}
+COMMANDS = {c.op: c for c in (Suspend, Resume, Checkpoint, Fork, Become)}
+REPORTS = {r.ev: r for r in (Ready, Forked, Exited, Hello, Started, Profile, Suspended,
+                              Resumed, Checkpointed, Done)}
 
 
 def encode(message: Command | Report) -> bytes:

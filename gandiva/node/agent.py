@@ -38,12 +38,12 @@ from typing import Any
 
 from gandiva.job import wire
 from gandiva.node import torchrun
+from gandiva.node.zygote import Forked, Zygote
 
 MAX_RESTARTS = 3  # torchrun's --max-restarts: enough for a transient fault, not a crash loop
 ACK_TIMEOUT_S = 60.0  # a suspend waits for the next mini-batch boundary at most this long
 GRACE_S = 10.0  # SIGTERM before SIGKILL, for scripts that save on SIGTERM
 LOG_TAIL_LINES = 20
-WARM_REFILL_DELAY_S = 3.0  # a new warm process imports torch: not while a job is starting
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class AgentEvent:
 @dataclass
 class _Rank:
     rank: int
-    proc: subprocess.Popen
+    proc: subprocess.Popen | Forked
     sock: socket.socket
     visible: list[int]  # the devices it can see, in order (GPUs: cuda:i is visible[i])
     buf: bytes = b""
@@ -131,16 +131,15 @@ class Agent:
 
     def __init__(self, workdir: Path, devices: list[str], threads: int = 1,
                  max_restarts: int = MAX_RESTARTS, checkpoint_every_s: float = 300.0,
-                 python: str = sys.executable, warm_pool: int | None = None) -> None:
+                 python: str = sys.executable, warm: bool = True) -> None:
         self.workdir = Path(workdir).resolve()
         self.devices = devices  # e.g. ["cpu:0", "cpu:1"] or ["cuda:0", "cuda:1"]
         self.threads = threads
         self.max_restarts = max_restarts
         self.checkpoint_every_s = checkpoint_every_s
         self.python = python
-        # warm processes kept ready: one per device, up to 4 (each holds ~150 MB of memory)
-        self.warm_pool = min(len(devices), 4) if warm_pool is None else warm_pool
-        self._pool: list[tuple[subprocess.Popen, socket.socket, int]] = []
+        self.warm = warm
+        self._zygote: Zygote | None = None
         self.workdir.mkdir(parents=True, exist_ok=True)
         for pids in self.workdir.glob("jobs/*/pids"):  # an earlier agent's, if it crashed
             _kill_leftovers(pids)
@@ -155,7 +154,7 @@ class Agent:
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="gandiva-agent", daemon=True)
         self._thread.start()
-        self._fill_pool()
+        self._warm_up()
 
     @property
     def gpu(self) -> bool:
@@ -268,13 +267,8 @@ class Agent:
 
     def close(self) -> None:
         with self._lock:
-            for proc, ours, _ in self._pool:  # a closed channel ends a warm process
-                ours.close()
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-            self._pool.clear()
+            if self._zygote is not None:
+                self._zygote.close()
             for job in list(self.jobs.values()):
                 if any(r.exit is None for r in job.ranks):
                     job.stopping = True
@@ -331,11 +325,9 @@ class Agent:
                 log.write(f"--- gandiva: start on {env['GANDIVA_DEVICE']} "
                           f"(attempt {job.restarts + 1}) ---\n".encode())
             cwd = str(Path(job.launch.cwd or directory).resolve())
-            warm = self._take_warm() if self._warmable(job, command) else None
+            warm = self._zygote.fork() if self._warmable(job, command) else None
             if warm is not None:
-                proc, ours, fd = warm
-                env["GANDIVA_CONTROL_FD"] = str(fd)
-                ours.setblocking(True)
+                proc, ours = warm
                 ours.sendall(wire.encode(wire.Become(command[1:], env, cwd, str(log_path))))
             else:
                 ours, theirs = socket.socketpair()
@@ -356,54 +348,29 @@ class Agent:
             job.ranks.append(r)
             self._sel.register(ours, selectors.EVENT_READ, (job, r))
         _record_pids(directory / "pids", [r.proc.pid for r in job.ranks])
-        if len(self._pool) < self.warm_pool:  # later: the import must not slow this start
-            timer = threading.Timer(WARM_REFILL_DELAY_S, self._fill_pool)
-            timer.daemon = True
-            timer.start()
         self._wakeup_w.send(b"x")
 
-    # ---- warm processes (see warm.py) ---------------------------------------------------
+    # ---- warm starts (see gandiva.job.warm) ---------------------------------------------
     def _warmable(self, job: _Job, command: list[str]) -> bool:
-        """A Python script with no Python start-up settings of its own can use a warm
-        process (PYTHONPATH and the like only act when an interpreter starts)."""
-        return (self.warm_pool > 0 and len(command) > 1 and command[0] == self.python
+        """A Python script with no Python start-up settings of its own can start warm
+        (PYTHONPATH and the like only act when an interpreter starts), once the zygote is
+        ready; a zygote that died is replaced, and the jobs start cold meanwhile."""
+        if not (self.warm and len(command) > 1 and command[0] == self.python
                 and command[1].endswith(".py")
-                and not any(k.startswith("PYTHON") for k in job.launch.env))
+                and not any(k.startswith("PYTHON") for k in job.launch.env)):
+            return False
+        if self._zygote is not None and not self._zygote.alive and not self._closed:
+            self._zygote.close()
+            self._warm_up()
+        return self._zygote is not None and self._zygote.ready
 
-    def warm_ready(self) -> int:
-        """Warm processes that have finished warming up."""
-        ready = 0
-        for proc, ours, _ in self._pool:
-            try:
-                said = ours.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                continue
-            ready += proc.poll() is None and bool(said)
-        return ready
+    def warm_ready(self) -> bool:
+        """Would a job start warm now (the zygote has its imports done)?"""
+        return self._zygote is not None and self._zygote.ready
 
-    def _take_warm(self):
-        while self._pool:
-            proc, ours, fd = self._pool.pop(0)
-            if proc.poll() is None:
-                return proc, ours, fd
-            ours.close()
-        return None
-
-    def _fill_pool(self) -> None:
-        with self._lock:
-            self._fill_pool_locked()
-
-    def _fill_pool_locked(self) -> None:
-        while len(self._pool) < self.warm_pool and not self._closed:
-            ours, theirs = socket.socketpair()
-            env = {**os.environ, "GANDIVA_CONTROL_FD": str(theirs.fileno())}
-            with open(self.workdir / "warm.log", "ab") as log:
-                proc = subprocess.Popen(
-                    [self.python, "-u", "-m", "gandiva.job.warm"], env=env, stdout=log,
-                    stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),),
-                    start_new_session=True, cwd=self.workdir)
-            self._pool.append((proc, ours, theirs.fileno()))
-            theirs.close()
+    def _warm_up(self) -> None:
+        if self.warm:
+            self._zygote = Zygote(self.python, self.workdir)
 
     def _pin(self, job: _Job, devices: tuple[int, ...]) -> None:
         job.devices = tuple(devices)
