@@ -139,6 +139,33 @@ def test_every_reported_value_reaches_the_agent_by_step_thinned_to_the_window_li
     ours.close()
 
 
+def test_a_jobs_first_profile_comes_after_a_quarter_second_and_later_ones_each_second():
+    """Early feedback: the first window after a start is FIRST_WINDOW_S, and windows double
+    up to REPORT_INTERVAL_S. (Steps of >= 50 ms: a one-second first window would report at
+    step 20 at the earliest.)"""
+    import gandiva.job as gj
+
+    ours, theirs = socket.socketpair()
+    job = gj.Job(env={"GANDIVA_CONTROL_FD": str(theirs.detach()), "GANDIVA_JOB_ID": "j"})
+    t0 = time.perf_counter()
+    for _ in range(60):
+        time.sleep(0.05)
+        job.report(samples=1, loss=1.0)
+        job.next_command()
+    took = time.perf_counter() - t0
+    job.finish(save=False)
+    ours.settimeout(5)
+    data = b""
+    while not data.endswith(wire.encode(wire.Done(60))):
+        data += ours.recv(65536)
+    steps = [m.step for m in map(wire.report, data.splitlines()) if isinstance(m, wire.Profile)]
+    assert 5 <= steps[0] < 20, steps
+    # 0.25 s, 0.5 s, then 1 s windows (and the last, sent at the end): quarter-second
+    # windows throughout would have sent at least 4 a second
+    assert len(steps) <= 3 + took, (steps, took)
+    ours.close()
+
+
 # ---- on a server: real trials, a real store ---------------------------------------------
 CNN = str(Path(__file__).resolve().parents[1] / "examples" / "cnn.py")
 TERMINAL = ("done", "failed", "cancelled")
