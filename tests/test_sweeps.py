@@ -260,6 +260,44 @@ def test_a_jobs_reported_values_are_served_as_curves_and_followed_from_a_step(ho
         up.crash()
 
 
+def test_a_promotion_raises_priority_only_once_every_trial_has_been_judged_at_the_first_rung(
+        home):
+    """Until every trial has had its first judgement, a promoted trial keeps the sweep's
+    priority: the trials not yet tried come first. (Trials that sleep; their values are
+    reported for them, in a chosen order.)"""
+    path, auth = home
+    (path / "base" / "users" / "ada" / "idle.py").write_text("import time\ntime.sleep(300)\n")
+    up = Up(path)
+    try:
+        c = up.client
+        spec = {"name": "idle", "trials": 4, "seed": 0, "command": "python idle.py {lr}",
+                "space": {"lr": {"grid": [1, 2, 3, 4]}}, "metric": "loss", "mode": "min",
+                "stop": {"rule": "asha", "rungs": [10, 20], "reduction": 2}}
+        r = c.post("/v1/sweeps", json=spec, headers=auth)
+        assert r.status_code == 201, r.text
+        jobs = [t["job_id"] for t in r.json()["trials"]]
+
+        def report(trial: int, loss: float) -> None:
+            up.backend.on_points(up.backend.records[jobs[trial]], {"loss": [[10, loss]]})
+
+        def priorities() -> list[int]:
+            return [c.get(f"/v1/jobs/{j}", headers=auth).json()["priority"] for j in jobs]
+
+        report(0, 1.0)  # first at the rung: continued
+        report(1, 0.5)  # better than the one before: promoted...
+        report(2, 3.0)  # stopped
+        assert priorities()[1] == 0  # ...but trial 3 is not judged yet
+        assert "sweep-promoted" not in [e["kind"] for e in c.get(
+            f"/v1/jobs/{jobs[1]}/events", headers=auth).json()]
+        report(3, 0.7)  # promoted (top 2 of 4); now every trial has been judged
+        assert priorities() == [0, 1, 0, 1]
+        decisions = [t["decision"] for t in
+                     c.get(f"/v1/sweeps/{r.json()['id']}", headers=auth).json()["trials"]]
+        assert decisions == ["continued", "promoted", "stopped", "promoted"]
+    finally:
+        up.crash()
+
+
 def test_a_sweep_stops_trials_at_its_rungs_promotes_the_rest_and_names_the_best(home):
     path, auth = home
     up = Up(path)

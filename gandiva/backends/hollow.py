@@ -12,7 +12,7 @@ What each action costs, from our own measurements (``gandiva/data/models.json`` 
   its loop), then half of ``suspend_resume_time`` of its checkpoint size (the paper's Fig 13);
 - resume: the other half;
 - migrate, grow, shrink: a boundary wait, then ``migration_time`` of its checkpoint size;
-- start: ``START_S``, a process from the warm pool importing the job's framework.
+- start: ``START_S``, a process forked from the node's zygote setting up its model and data.
 
 Every action answers asynchronously: it returns a ``Future`` that one timer thread completes
 after the action's latency (``courier``), so a thousand servers' round holds no thread per
@@ -41,7 +41,7 @@ from gandiva.sim.perf import PerfModel, default_perf_model
 from gandiva.state import Cluster
 
 log = logging.getLogger("gandiva.hollow")
-START_S = 1.0  # decision: a warm process's start; the agent's warm pool keeps it near this
+START_S = 1.0  # decision: a warm start to the first mini-batch (the fork itself: ~10 ms)
 FIRST_PROFILE_STEPS = 20  # as the simulator: a profile once the job has warmed up
 PROFILE_EVERY_S = 60.0  # then, while it runs, as the local backend stores them
 COMMAND = "gandiva-hollow"

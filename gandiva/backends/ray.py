@@ -10,7 +10,8 @@ node agents, with one cluster-wide numbering of devices.
 - Migration to another node: the job checkpoints at a mini-batch boundary and exits on the
   source; the checkpoint file goes through Ray's object store straight to the destination
   (the head passes a reference on, never the bytes), which installs it and starts the job in
-  one of its warm processes (the paper's "warm up the destination first").
+  a process forked from its zygote, torch already imported (the paper's "warm up the
+  destination first").
 - Node failure: every checkpoint a job writes is also copied to the head
   (``<workdir>/replicas``), so when a node dies (its agent or its raylet), its jobs go back to
   placement and restart elsewhere from their last checkpoint; nothing else is disturbed. (A
@@ -131,7 +132,7 @@ class NodeAgent:
     def read_log(self, job_id: str, rank: int, offset: int) -> bytes:
         return self.agent.read_log(job_id, rank, offset)
 
-    def warm_ready(self) -> int:
+    def warm_ready(self) -> bool:
         return self.agent.warm_ready()
 
     def next_events(self, timeout: float) -> list[tuple[str, str, dict]]:

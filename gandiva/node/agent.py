@@ -267,12 +267,12 @@ class Agent:
 
     def close(self) -> None:
         with self._lock:
-            if self._zygote is not None:
-                self._zygote.close()
             for job in list(self.jobs.values()):
                 if any(r.exit is None for r in job.ranks):
                     job.stopping = True
                     self._terminate(job, grace=2.0)
+            if self._zygote is not None:  # after the jobs: it hears their exit statuses
+                self._zygote.close()
             self._closed = True
         self._wakeup_w.send(b"x")
         self._thread.join(timeout=5)

@@ -29,11 +29,13 @@ class Forked:
         self.pid = pid
         self.returncode: int | None = None
         self._zygote = zygote
+        self._lock = threading.Lock()  # the status is handed over once: to the first poll
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            self.returncode = self._zygote.exit_code(self.pid)
-        return self.returncode
+        with self._lock:
+            if self.returncode is None:
+                self.returncode = self._zygote.exit_code(self.pid)
+            return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -114,15 +116,17 @@ class Zygote:
         return None
 
     def close(self) -> None:
-        """Close the channel: the zygote exits (what it forked runs on)."""
+        """Close the channel: the zygote exits (what it forked runs on); one still importing
+        is killed."""
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         try:
-            self.proc.wait(timeout=5)
+            self.proc.wait(timeout=1)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
         self._reader.join(timeout=5)
         self._sock.close()
 
@@ -138,7 +142,10 @@ class Zygote:
             buf += chunk
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
-                msg = wire.report(line)
+                try:
+                    msg = wire.report(line)
+                except (ValueError, TypeError):
+                    continue  # not ours (nothing else writes here): skipped
                 with self._answer:
                     if isinstance(msg, wire.Ready):
                         self._ready.set()

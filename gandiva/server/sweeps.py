@@ -7,6 +7,13 @@ it before the trials at lower rungs, time-slicing only among equals); one let th
 of company goes on as it was ("continued"); a stopped one is cancelled, with the reason saying
 at which rung, with what value and rank. Its devices go to the next trial at once.
 
+Decision: a promotion raises a trial's priority only once every trial of its sweep has been
+judged at the first rung (or has ended). Until then the trials not yet tried come first:
+their first judgement costs a fraction of a second each, and a raised priority would let the
+first trials promoted, on the word of the few judged before them, take the devices from the
+rest (measured: the benchmark's best trial then waited behind a slow learner promoted
+"#1 of 4" early on). Under time-slicing every trial gets its first turn within a round.
+
 Decisions are stored before they are carried out; after a restart ``load`` takes every sweep
 with a trial not yet finished up again and carries out again what a crash may have left
 undone (a stop, a priority).
@@ -38,6 +45,9 @@ class Trial:
     job_id: str
     rungs: dict[int, float] = field(default_factory=dict)  # rung -> its value there
     decision: str = "running"  # running, promoted, continued, stopped
+    ended: bool = False
+    raised_to: int | None = None  # the priority its promotion gave it, once carried out
+    why: str = ""  # the reason of its latest promotion
     points: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=POINTS_KEPT))
 
 
@@ -46,6 +56,10 @@ class Sweep:
     id: str
     spec: SweepSpec
     trials: list[Trial] = field(default_factory=list)
+
+    def untried(self) -> bool:
+        """Has a trial not yet reached the first rung, and not ended?"""
+        return any(not t.rungs and not t.ended and t.decision != "stopped" for t in self.trials)
 
     def at(self, rung: int, but: Trial) -> dict[int, float]:
         """The values other trials had at ``rung``."""
@@ -75,14 +89,19 @@ class Sweeps:
             trial = Trial(sweep, t.trial, t.job_id, {int(r): v for r, v in t.rungs.items()},
                           t.decision)
             sweep.trials.append(trial)
-            if job.state in TERMINAL:
+            trial.ended = job.state in TERMINAL
+            if trial.ended:
                 continue
+            if trial.decision == "promoted":
+                trial.why = f"sweep {sweep.id} (decided before a restart)"
+                if job.priority == self._priority(trial):
+                    trial.raised_to = job.priority
             with self._lock:
                 self.by_job[trial.job_id] = trial
             if trial.decision == "stopped":
                 self._stop(trial, f"sweep {sweep.id} (decided before a restart)")
-            elif trial.decision == "promoted" and job.priority != self._priority(trial):
-                self._promote(trial)
+        for sweep in sweeps.values():
+            self._raise(sweep)
         return len(sweeps)
 
     def observe(self, job_id: str, series: dict[str, list[list[float]]]) -> None:
@@ -97,7 +116,7 @@ class Sweeps:
         for rung in stop.rungs[len(trial.rungs):]:
             value = value_at(rung, trial.points)
             if value is None:
-                return
+                break
             verdict = judge(stop.rule, value, trial.sweep.at(rung, trial),
                             minimize=spec.mode == "min", reduction=stop.reduction,
                             min_trials=stop.min_trials)
@@ -111,25 +130,35 @@ class Sweeps:
                                          trial.decision)
             if not verdict.go_on:
                 self._stop(trial, why)
-                return
+                break
             if verdict.sure:
-                self._promote(trial, why)
+                trial.why = why
             else:
                 self.service.store.record(trial.job_id, "sweep-continued", {"why": why})
+        self._raise(trial.sweep)
 
     def forget(self, job_id: str) -> None:
         with self._lock:
-            self.by_job.pop(job_id, None)
+            trial = self.by_job.pop(job_id, None)
+        if trial is not None:
+            trial.ended = True
+            self._raise(trial.sweep)
 
     def _priority(self, trial: Trial) -> int:
         return trial.sweep.spec.priority + len(trial.rungs)
 
-    def _promote(self, trial: Trial, why: str = "") -> None:
-        priority = self._priority(trial)
-        self.service.store.record(trial.job_id, "sweep-promoted", {"why": why, "to": priority},
-                                  priority=priority)
-        self.service.backend.set_priority(trial.job_id, priority)
-        log.info("promoted %s: %s", trial.job_id, why)
+    def _raise(self, sweep: Sweep) -> None:
+        """Carry out the sweep's promotions, once no trial waits for its first judgement."""
+        if sweep.untried():
+            return
+        for trial in sweep.trials:
+            priority = self._priority(trial)
+            if trial.decision == "promoted" and not trial.ended and trial.raised_to != priority:
+                trial.raised_to = priority
+                self.service.store.record(trial.job_id, "sweep-promoted",
+                                          {"why": trial.why, "to": priority}, priority=priority)
+                self.service.backend.set_priority(trial.job_id, priority)
+                log.info("promoted %s: %s", trial.job_id, trial.why)
 
     def _stop(self, trial: Trial, why: str) -> None:
         self.service.store.record(trial.job_id, "sweep-stopped", {"why": why})
