@@ -334,6 +334,9 @@ def test_a_sweep_stops_trials_at_its_rungs_promotes_the_rest_and_names_the_best(
         bob = {"Authorization": f"Bearer {up.store.add_user('bob')}"}  # another user's sweep
         assert c.get(f"/v1/sweeps/{sweep['id']}", headers=bob).status_code == 404
         assert c.get("/v1/sweeps", headers=bob).json() == []
+        listed = c.get("/v1/sweeps", params={"brief": "true"}, headers=auth).json()
+        assert [s["id"] for s in listed] == [sweep["id"]] and listed[0]["trials"] == []
+        assert c.get("/v1/sweeps", headers=auth).json()[0]["trials"] == sweep["trials"]
     finally:
         up.crash()
 

@@ -105,13 +105,16 @@ def routes(app: FastAPI, service: Any, Who: Any, visible: Callable[..., JobRow],
         return sweep_view(service, row, store.trials([row.id]))
 
     @app.get("/v1/sweeps")
-    def sweeps(who: Who, limit: Annotated[int, Query(ge=1, le=1000)] = 100
-               ) -> list[SweepView]:
+    def sweeps(who: Who, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+               brief: Annotated[bool, Query(
+                   description="Without the trials (and so without the best): a list cheap "
+                               "enough to poll")] = False) -> list[SweepView]:
         """Your sweeps (an admin: everyone's), newest first."""
         rows = store.sweeps(who, limit=limit)
         trials: dict[str, list] = {row.id: [] for row in rows}
-        for t, job in store.trials(list(trials)):
-            trials[t.sweep_id].append((t, job))
+        if not brief:
+            for t, job in store.trials(list(trials)):
+                trials[t.sweep_id].append((t, job))
         return [sweep_view(service, row, trials[row.id]) for row in rows]
 
     @app.get("/v1/sweeps/{sweep_id}", responses={404: {"description": "No such sweep, or "

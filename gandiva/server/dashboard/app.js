@@ -542,7 +542,7 @@ function renderJobCurves(series) {
 let sweepShown = null; // the sweep whose curves are drawn (the newest, until one is chosen)
 
 async function refreshSweeps() {
-  const sweeps = await api("/v1/sweeps?limit=20");
+  const sweeps = await api("/v1/sweeps?limit=20&brief=true"); // the list: ids only
   $("#sweeps-panel").hidden = sweeps.length === 0;
   if (!sweeps.length) return;
   const select = $("#sweep-select");
@@ -552,7 +552,7 @@ async function refreshSweeps() {
     select.replaceChildren(...sweeps.map((s) => el("option", { value: s.id }, s.id)));
   }
   select.value = sweepShown;
-  const sweep = sweeps.find((s) => s.id === sweepShown);
+  const sweep = await api(`/v1/sweeps/${encodeURIComponent(sweepShown)}`);
   const series = await Promise.all(sweep.trials.map((t) => curves.of(t.job_id, sweep.metric)));
   if (sweep.id === sweepShown) renderSweep(sweep, series);
 }
