@@ -87,33 +87,19 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool) -> Itera
             S.update(home[jid])
     jobs = list({jid: cluster.jobs[jid] for s in sorted(S) for jid in book.members[s]}.values())
     size = {s: cluster.nodes[s].size for s in S}
-    # a server's room: GPUs neither held by a job that runs on nor promised to one that
-    # starts. Held GPUs are counted once: a packed pair holds one GPU, not two, so a GPU that
-    # frees up goes to a waiting job before a packed job spreads out onto it
-    held: dict[int, set[int]] = {s: set() for s in S}
-    promised = dict.fromkeys(S, 0)
+    room = dict(size)
     gangs = {j.id for j in jobs if len(home[j.id]) > 1}
 
-    def room(s: int) -> int:
-        return size[s] - len(held[s]) - promised[s]
-
     def whole(job: Job) -> bool:  # a gang whose every server is in this round
-        return all(t in size for t in home[job.id])
-
-    def extra(job: Job) -> int:  # GPUs the job would take on its server
-        if job.status is JobStatus.RUNNING:
-            return len(set(job.gpus) - held[home[job.id][0]])
-        return job.num_gpus
+        return all(t in room for t in home[job.id])
 
     def take(job: Job) -> None:
         if job.id in gangs:
             for t in home[job.id]:
-                if t in size:
-                    promised[t] = size[t]
-        elif job.status is JobStatus.RUNNING:
-            held[home[job.id][0]].update(job.gpus)
+                if t in room:
+                    room[t] = 0
         else:
-            promised[home[job.id][0]] += job.num_gpus
+            room[home[job.id][0]] -= len(job.gpus) or job.num_gpus
 
     def key(job: Job) -> tuple:
         prio, turn, seq = order_key(p, job, now)
@@ -137,9 +123,9 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool) -> Itera
     chosen: list[Job] = []
     for job in sorted((j for j in jobs if j.id not in keep), key=key):
         if job.id in gangs:
-            fits = whole(job) and all(room(t) == size[t] for t in home[job.id])
+            fits = whole(job) and all(room[t] == size[t] for t in home[job.id])
         else:
-            fits = extra(job) <= room(home[job.id][0])
+            fits = job.num_gpus <= room[home[job.id][0]]
         if fits:
             chosen.append(job)
             take(job)
