@@ -113,10 +113,12 @@ class Sweeps:
         spec = trial.sweep.spec
         trial.points.extend((int(s), float(v)) for s, v in series.get(spec.metric, ()))
         stop = spec.stop
+        judged = False
         for rung in stop.rungs[len(trial.rungs):]:
             value = value_at(rung, trial.points)
             if value is None:
                 break
+            judged = True
             verdict = judge(stop.rule, value, trial.sweep.at(rung, trial),
                             minimize=spec.mode == "min", reduction=stop.reduction,
                             min_trials=stop.min_trials)
@@ -135,7 +137,8 @@ class Sweeps:
                 trial.why = why
             else:
                 self.service.store.record(trial.job_id, "sweep-continued", {"why": why})
-        self._raise(trial.sweep)
+        if judged:  # (not at every report: a sweep's trials are scanned)
+            self._raise(trial.sweep)
 
     def forget(self, job_id: str) -> None:
         with self._lock:
