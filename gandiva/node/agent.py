@@ -362,7 +362,7 @@ class Agent:
         if self._zygote is not None and not self._zygote.alive and not self._closed:
             self._zygote.close()
             self._warm_up()
-        return self._zygote is not None and self._zygote.ready
+        return self.warm_ready()
 
     def warm_ready(self) -> bool:
         """Would a job start warm now (the zygote has its imports done)?"""

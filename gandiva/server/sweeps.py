@@ -58,8 +58,9 @@ class Sweep:
     trials: list[Trial] = field(default_factory=list)
 
     def untried(self) -> bool:
-        """Has a trial not yet reached the first rung, and not ended?"""
-        return any(not t.rungs and not t.ended and t.decision != "stopped" for t in self.trials)
+        """Has a trial not yet reached the first rung, and not ended? (A stopped trial has
+        ended: ``_stop`` forgets it.)"""
+        return any(not t.rungs and not t.ended for t in self.trials)
 
     def at(self, rung: int, but: Trial) -> dict[int, float]:
         """The values other trials had at ``rung``."""
