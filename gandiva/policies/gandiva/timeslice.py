@@ -130,11 +130,12 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool) -> Itera
             chosen.append(job)
             take(job)
     run = keep | {j.id for j in chosen}
+    top = max((j.priority for j in chosen), default=None)  # the highest priority given room
     for job in jobs:
         if job.status is not JobStatus.RUNNING or job.id in run:
             continue
         elsewhere = None
-        if job.id not in gangs and any(j.priority > job.priority for j in chosen):
+        if job.id not in gangs and top is not None and top > job.priority:
             elsewhere = free_elsewhere(p, cluster, home[job.id][0], job.num_gpus)
         if elsewhere is not None:
             # a lower-priority job moves away rather than stop, where GPUs are free
