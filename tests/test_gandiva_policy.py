@@ -398,3 +398,56 @@ def test_an_arrival_after_a_scan_that_placed_nothing_decides_exactly_as_a_full_r
     assert len(shortcuts) > count // 4  # the queue was long: the shortcut was taken often
     assert fast.actions == full.actions
     assert jcts(fast) == jcts(full)
+
+
+def algorithm_1(job, c: Cluster, book: Book, max_height: float, head: bool):
+    """Algorithm 1 as the paper states it, by looking at every server (the specification
+    that the book's indexes must answer exactly as)."""
+    n, groups = job.num_gpus, {k: [] for k in ("same", "empty", "other", "crowded", "mixed")}
+    for node in c.nodes:
+        s, free = node.id, len(c.free_gpus(node.id))
+        if not node.up or node.size < n:
+            continue
+        aff = book.affinity(s)
+        if aff is None and free == node.size:
+            groups["empty"].append(s)
+        elif free >= n:
+            groups["same" if aff == n else "other"].append(s)
+        elif (book.demand[s] + (1 if head else n)) / node.size <= max_height:
+            groups["crowded" if aff == n else "mixed"].append(s)
+    for kind, starts in (("same", True), ("empty", True), ("other", True), ("crowded", False),
+                         ("mixed", False)):
+        if groups[kind]:
+            return min(groups[kind], key=lambda s: (book.height(s), s)), starts
+    return None
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_indexed_placement_chooses_exactly_the_server_algorithm_1_chooses(seed):
+    """The book indexes servers by height and affinity so that an arrival looks at few of
+    them; on random busy states (some servers down) it picks what a scan of all would."""
+    import random
+
+    rng = random.Random(seed)
+    c = Cluster.build(rng.choice(["6x4", "8x2", "5x8"]))
+    book = Book.of(c)
+    for i in range(rng.randint(5, 60)):
+        n = rng.choice([1, 1, 1, 2, 4, c.nodes[0].size])
+        c.observe(E.Arrival(i, JobSpec(f"j{i}", i, n, "resnet50", duration=1e6)))
+        j = c.jobs[f"j{i}"]
+        s = rng.randrange(len(c.nodes))
+        free = c.free_gpus(s)
+        if len(free) >= n and rng.random() < 0.6:
+            c.apply(A.Place(j.id, tuple(free[:n])))
+        book.assign(j, (s,))
+        if rng.random() < 0.15:  # some leave again
+            book.release(j)
+    for node in c.nodes:
+        if rng.random() < 0.1:
+            c.observe(E.Failure(99, node.id))
+    assert list(book.by_height) == sorted((book.height(s), s) for s in range(len(c.nodes)))
+    for n in (1, 2, 4, c.nodes[0].size):
+        for height in (1.0, 2.0, 8.0):
+            for head in (False, True):
+                want = algorithm_1(newcomer(c, n), c, book, height, head)
+                assert choose_server(newcomer(c, n), c, book, height, True, head=head) == want

@@ -284,8 +284,7 @@ class Gandiva:
     def _lower_height(self, cluster: Cluster) -> Iterator[A.Action]:
         """Move waiting jobs from the highest servers onto free GPUs of servers with no queue."""
         book = self.book
-        crowded = [s for s in range(len(cluster.nodes)) if book.height(s) > 1.0]
-        for src in sorted(crowded, key=lambda s: -book.height(s)):
+        for src in book.crowded():
             for job in sorted(book.waiting(src, cluster), key=lambda j: j.seq):
                 if timeslice.is_gang(self, job):
                     # a time-sliced gang moves to whole free servers as soon as there are some

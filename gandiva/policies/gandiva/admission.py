@@ -36,7 +36,7 @@ def displace(p: Gandiva, cluster: Cluster, job: Job) -> Generator[A.Action, None
     floor = job.attained_at(now) + p.displace_margin
     best: tuple[float, Job] | None = None
     for node in cluster.nodes:
-        if not node.up or node.size < n or p.book.affinity(node.id, cluster) != n:
+        if not node.up or node.size < n or p.book.affinity(node.id) != n:
             continue
         for jid in p.book.members[node.id]:
             other = cluster.jobs[jid]

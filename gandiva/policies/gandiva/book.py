@@ -7,7 +7,7 @@ where they *belong*, and from it the server's affinity and height.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
@@ -53,11 +53,16 @@ class Waiting:
 
 @dataclass
 class Book:
-    members: list[dict[str, None]]  # per server: jobs assigned to it (ordered set)
+    members: list[dict[str, int]]  # per server: jobs assigned to it -> their width (ordered)
     demand: list[int]  # per server: GPUs its jobs ask for in total
     size: list[int]
     home: dict[str, tuple[int, ...]] = field(default_factory=dict)  # job -> its servers
     last_start: dict[str, float] = field(default_factory=dict)  # for round-robin order
+    # Indexes kept with ``members`` and ``demand``, so that placing an arrival looks at the few
+    # servers that can take it, not at every server: servers by (height, id), all of them and
+    # per affinity (``None``: no member).
+    by_height: SortedList = field(default_factory=SortedList)
+    by_affinity: dict[int | None, SortedList] = field(default_factory=dict)
 
     @classmethod
     def of(cls, cluster: Cluster) -> Book:
@@ -71,19 +76,20 @@ class Book:
             self.members.append({})
             self.demand.append(0)
             self.size.append(node.size)
+            self._file(node.id)
 
     def height(self, server: int) -> float:
         """Demand over capacity: above 1 the server time-slices (the paper's "height")."""
         return self.demand[server] / self.size[server]
 
-    def affinity(self, server: int, cluster: Cluster) -> int | None:
+    def affinity(self, server: int) -> int | None:
         """The gang size of the jobs a server hosts (the paper's affinity); None when empty.
 
-        Decision: a server takes the affinity of the first job it hosts and keeps it until it
-        empties; jobs placed on it later by the fall-back steps do not change it.
+        Decision: a server takes the affinity of its oldest member; jobs placed on it later by
+        the fall-back steps do not change it.
         """
-        for jid in self.members[server]:
-            return cluster.jobs[jid].num_gpus
+        for width in self.members[server].values():
+            return width
         return None
 
     def assign(self, job: Job, servers: tuple[int, ...]) -> None:
@@ -91,15 +97,45 @@ class Book:
         self.home[job.id] = servers
         share = job.num_gpus if len(servers) == 1 else None
         for s in servers:
-            self.members[s][job.id] = None
+            self._unfile(s)
+            self.members[s][job.id] = job.num_gpus
             self.demand[s] += share if share is not None else self.size[s]
+            self._file(s)
 
     def release(self, job: Job) -> None:
         servers = self.home.pop(job.id, ())
         share = job.num_gpus if len(servers) == 1 else None
         for s in servers:
+            self._unfile(s)
             self.members[s].pop(job.id, None)
             self.demand[s] -= share if share is not None else self.size[s]
+            self._file(s)
+
+    def _file(self, s: int) -> None:
+        key = (self.height(s), s)
+        self.by_height.add(key)
+        self.by_affinity.setdefault(self.affinity(s), SortedList()).add(key)
+
+    def _unfile(self, s: int) -> None:
+        key = (self.height(s), s)
+        self.by_height.remove(key)
+        self.by_affinity[self.affinity(s)].remove(key)
+
+    def lowest(self, servers: SortedList, fits: Callable[[int], bool], below: float
+               ) -> tuple[float, int] | None:
+        """The first (height, server) of ``servers`` (an index) that ``fits``, looking only
+        at heights under ``below``."""
+        for key in servers:
+            if key[0] >= below:
+                return None
+            if fits(key[1]):
+                return key
+        return None
+
+    def crowded(self) -> list[int]:
+        """Servers above height 1 (they time-slice), highest first, then by id."""
+        over = self.by_height.irange((1.0, float("inf")), inclusive=(False, True))
+        return [s for _, s in sorted(over, key=lambda k: (-k[0], k[1]))]
 
     def has_waiting(self, server: int, cluster: Cluster) -> bool:
         """Does a job assigned to ``server`` wait for a time slice? (``waiting`` without the

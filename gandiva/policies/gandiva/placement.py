@@ -28,26 +28,35 @@ def choose_server(
     GPU of room as it appears, and it never fits.
     """
     n = job.num_gpus
-    same, empty, other, crowded, mixed = [], [], [], [], []
-    for node in cluster.nodes:
-        s = node.id
-        if not node.up or node.size < n:
-            continue
-        free = len(cluster.free_gpus(s))
-        aff = book.affinity(s, cluster)
-        if aff is None and free == node.size:
-            empty.append(s)
-        elif free >= n:
-            (same if aff == n else other).append(s)
-        elif (book.demand[s] + (1 if head else n)) / node.size <= max_height:
-            (crowded if aff == n else mixed).append(s)
-    for group, starts in ((same, True), (empty, True), (other, True)):
-        if group:
-            return min(group, key=lambda s: (book.height(s), s)), starts
-    for group in (crowded, mixed):
-        if oversubscribe and group:
-            return min(group, key=lambda s: (book.height(s), s)), False
-    return None
+    # servers that can start it at once: those with n free GPUs or more (few, on a busy cluster)
+    best: dict[str, tuple[float, int]] = {}
+    for free in range(n, cluster.max_free_bucket + 1):
+        for s in cluster.nodes_with_free(free):
+            aff = book.affinity(s)
+            group = ("empty" if aff is None and free == cluster.nodes[s].size
+                     else "same" if aff == n else "other")
+            key = (book.height(s), s)
+            if group not in best or key < best[group]:
+                best[group] = key
+    for group in ("same", "empty", "other"):
+        if group in best:
+            return best[group][1], True
+    if not oversubscribe:
+        return None
+    extra = 1 if head else n
+
+    def fits(s: int) -> bool:
+        node = cluster.nodes[s]
+        return (node.up and node.size >= n and len(cluster.free_gpus(s)) < n
+                and (book.demand[s] + extra) / node.size <= max_height)
+
+    crowded = book.lowest(book.by_affinity.get(n, ()), fits, max_height)
+    if crowded is not None:
+        return crowded[1], False
+    mixed = [book.lowest(servers, fits, max_height)
+             for aff, servers in book.by_affinity.items() if aff != n]
+    mixed = [key for key in mixed if key is not None]
+    return (min(mixed)[1], False) if mixed else None
 
 
 def gpus_on(cluster: Cluster, server: int, count: int) -> tuple[int, ...]:
@@ -64,8 +73,13 @@ def gang_servers(
     size = max(node.size for node in cluster.nodes)
     need = -(-job.num_gpus // size)
     extra = 1 if head else size
-    room = [n.id for n in cluster.nodes if n.up and n.size == size
-            and (book.demand[n.id] + extra) / size <= max_height]
+    room: list[int] = []  # in height order, up to the last server as high as the need-th
+    for height, s in book.by_height:
+        if height >= max_height or (len(room) >= need and height > book.height(room[-1])):
+            break
+        node = cluster.nodes[s]
+        if node.up and node.size == size and (book.demand[s] + extra) / size <= max_height:
+            room.append(s)
     if len(room) < need:
         return None
     return tuple(sorted(sorted(room, key=lambda s: (book.height(s), cluster.nodes[s].rack, s))
