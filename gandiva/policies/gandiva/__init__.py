@@ -111,11 +111,16 @@ class Gandiva:
 
     # ---- the decision -------------------------------------------------------------------
     def decide(self, event: E.Event, cluster: Cluster) -> Iterator[A.Action]:
+        if isinstance(event, E.Departure | E.Failure):
+            self.recheck_trials = True  # it stopped jobs: a trial may have ended
+        for action in self._decide(event, cluster):
+            self.recheck_trials = True  # an action may end a trial (nothing else changes one)
+            yield action
+
+    def _decide(self, event: E.Event, cluster: Cluster) -> Iterator[A.Action]:
         if self.book is None:
             self.book = Book.of(cluster)
         touched: set[int] = set()
-        if not isinstance(event, E.ProfileSample):
-            self.recheck_trials = True  # this event, or what follows it, may end a trial
         if not isinstance(event, E.Arrival | E.ProfileSample):
             self._stuck = False
         arrived = None

@@ -69,8 +69,10 @@ def try_pack(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
 def judge(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
     """Keep or undo each packing trial once both jobs have a packed profile sample.
 
-    Trials are looked at again only when a packed sample came or the cluster changed since
-    the last look (``recheck_trials``): most samples are solo ones, of time-sliced jobs.
+    Trials are looked at again only when a packed sample came, a job stopped or the policy
+    acted since the last look (``recheck_trials``): most samples are solo ones, of
+    time-sliced jobs, and most events between them change no trial (a round with nothing to
+    rotate, an arrival that waits).
     """
     if not p.recheck_trials:
         return
