@@ -289,6 +289,8 @@ class Gandiva:
     def _lower_height(self, cluster: Cluster) -> Iterator[A.Action]:
         """Move waiting jobs from the highest servers onto free GPUs of servers with no queue."""
         book = self.book
+        if not cluster.free_count():
+            return  # no free GPU anywhere: nothing can move (and 1,000 servers go unsorted)
         for src in book.crowded():
             for job in sorted(book.waiting(src, cluster), key=lambda j: j.seq):
                 if timeslice.is_gang(self, job):
