@@ -5,7 +5,8 @@ At every round (a Tick) the over-subscribed servers (height > 1) are split into 
 linked by a gang they share decide their rounds together, others apart. A group is *quiet* when
 no arrival, departure, failure or priority change touched any of its servers since the last
 round: its next round is then a pure function of the last, which is what a closed-form round
-would advance without simulating it.
+would advance without simulating it. Profile samples are not counted as touches: they change
+no membership, though packing reads them (so a closed-form round must still model them).
 
 Usage: python benchmarks/round_groups.py [--trace philly] [--jobs 8000] [--cluster 120x4]
 Prints a table and one JSON line.
@@ -39,11 +40,13 @@ class Watched(Gandiva):
     def decide(self, event, cluster):
         if self.book is not None and isinstance(event, E.Tick):
             self._count_groups()
+        # a departure's servers are known before the decision, an arrival's after it
+        if (self.book is not None and isinstance(event, E.Departure | E.PriorityChange)
+                and event.job_id in self.book.home):
+            self.touched.update(self.book.home[event.job_id])
         yield from super().decide(event, cluster)
-        job_id = (event.job.id if isinstance(event, E.Arrival)
-                  else getattr(event, "job_id", None))
-        if job_id in self.book.home:
-            self.touched.update(self.book.home[job_id])
+        if isinstance(event, E.Arrival) and event.job.id in self.book.home:
+            self.touched.update(self.book.home[event.job.id])
         if isinstance(event, E.Failure):
             self.touched[event.node] += 1
 
