@@ -98,6 +98,41 @@ def test_a_job_migrated_to_another_node_ends_bit_identical(nodes, tmp_path):
     assert_identical(checkpoint.latest(node_checkpoints(nodes, 1, "m"))[1], ref)
 
 
+SLOW_STEPS = """
+import time
+import gandiva.job as gj
+job = gj.init()
+for step in job.steps(1000):
+    time.sleep(8)
+    job.report(samples=1)
+"""
+
+
+def test_actions_on_different_jobs_go_on_at_once(nodes, tmp_path):
+    """A suspend waits for the job's next mini-batch boundary (here up to 8 s away); an
+    action on another job, on another node, does not wait behind it."""
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_STEPS)
+    nodes.start("slow", Launch(["{python}", str(script)]), (0,))  # node 0
+    wait(lambda: any(e.kind == "profile" and e.job_id == "slow"
+                     for e in [nodes.events.get(timeout=120)]), what="the slow job's steps")
+    ended: dict[str, float] = {}
+
+    def suspend() -> None:
+        nodes.suspend("slow")
+        ended["suspend"] = time.monotonic()
+
+    t = threading.Thread(target=suspend)
+    t.start()
+    time.sleep(0.5)  # the suspend is under way, waiting for the boundary
+    nodes.start("quick", cnn("--steps", "10"), (2,))  # device 2 is on node 1
+    ended["start"] = time.monotonic()
+    t.join(timeout=60)
+    assert ended["start"] < ended["suspend"], ended  # the start did not queue behind it
+    nodes.kill("slow")
+    nodes.kill("quick")
+
+
 def test_a_gang_over_two_nodes_trains_and_is_time_sliced(nodes, tmp_path):
     """Two 4-rank gangs on three 2-device nodes: each spans two nodes (torchrun rendezvous
     across them), and they take turns; both end bit-identical to an uninterrupted run."""

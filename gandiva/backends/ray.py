@@ -226,8 +226,10 @@ class RayNodes:
         # (node, job, rank) -> how much of that node's log of the rank the head's copy holds
         self.copied: dict[tuple[int, str, int], int] = {}
         self._copying = threading.Lock()  # the copies of logs, and ``copied``
-        # one action on the jobs at a time: the loop's, or a pump's restart of a gang
-        self._act = threading.RLock()
+        # one action at a time on each job (the loop's, or a pump's restart of its gang);
+        # actions on different jobs go on at once, as the loop hands them out (a suspend that
+        # waits for a slow job's mini-batch boundary holds up no other job)
+        self._acting: dict[str, threading.RLock] = {}
         self._closed = False
         self._threads = [threading.Thread(target=self._watch, daemon=True,
                                           name="gandiva-ray-joins")]
@@ -247,17 +249,17 @@ class RayNodes:
 
     # ---- the Agent interface ------------------------------------------------------------
     def start(self, job_id: str, launch: Launch, devices: tuple[int, ...]) -> None:
-        with self._act:
+        with self._job(job_id):
             self.launches[job_id] = launch
             self.ended.discard(job_id)
             self._launch(job_id, self._plan(devices))
 
     def suspend(self, job_id: str) -> None:
-        with self._act:
+        with self._job(job_id):
             self._on_each(self.jobs.get(job_id, ()), "suspend", job_id)
 
     def resume(self, job_id: str, devices: tuple[int, ...]) -> None:
-        with self._act:
+        with self._job(job_id):
             if job_id not in self.jobs:
                 return
             plan, old = self._plan(devices), self.plans[job_id]
@@ -272,7 +274,7 @@ class RayNodes:
 
     def restart(self, job_id: str, devices: tuple[int, ...]) -> None:
         """Migration, grow and shrink; to other nodes, through the object store."""
-        with self._act:
+        with self._job(job_id):
             if job_id not in self.jobs:
                 return
             plan, old = self._plan(devices), self.plans[job_id]
@@ -283,11 +285,11 @@ class RayNodes:
                 self._move(job_id, plan)
 
     def kill(self, job_id: str) -> None:
-        with self._act:
+        with self._job(job_id):
             self._stop(job_id, "kill")
 
     def park(self, job_id: str) -> None:
-        with self._act:
+        with self._job(job_id):
             self._stop(job_id, "park")
 
     def checkpoint_dir(self, job_id: str) -> Path:
@@ -372,6 +374,12 @@ class RayNodes:
         self._threads.append(t)
         t.start()
 
+    def _job(self, job_id: str) -> threading.RLock:
+        """The lock that keeps the job's actions one at a time (reentrant: a start that fails
+        restarts the gang under it)."""
+        with self._lock:
+            return self._acting.setdefault(job_id, threading.RLock())
+
     def _plan(self, devices: tuple[int, ...]) -> list[tuple[int, tuple[int, ...]]]:
         """The job's parts: (node, its devices there), nodes in the order they come."""
         parts: dict[int, list[int]] = {}
@@ -423,7 +431,8 @@ class RayNodes:
         """Checkpoint the job at its next boundary, stop every part, and start it on
         ``plan``: rank 0's node gives the checkpoint to the others straight (the head
         passes only a reference)."""
-        nodes = self.jobs.pop(job_id)
+        with self._lock:
+            nodes = self.jobs.pop(job_id)
         ckpt = self.actors[nodes[0]].hand_over.remote(job_id)
         self._wait([self.actors[n].park.remote(job_id) for n in nodes[1:]] + [ckpt],
                    fetch=False)
@@ -523,7 +532,7 @@ class RayNodes:
         """A rank of a gang over several nodes died unasked, or a part could not start:
         stop every part and start the job again from its newest checkpoint, up to
         ``max_restarts`` times."""
-        with self._act:
+        with self._job(job_id):
             if job_id not in self.jobs or self.runs[job_id] != run:
                 return  # the loop stopped or moved it meanwhile
             plan = self.plans[job_id]
@@ -545,12 +554,17 @@ class RayNodes:
         """Node ``node`` is gone: its jobs go back to placement, and the parts of its gangs
         on other nodes stop (they cannot go on without it)."""
         self.alive[node] = False
-        with self._act:
-            with self._lock:
-                lost = [j for j, nodes in self.jobs.items() if node in nodes]
-            for j in lost:
+        with self._lock:
+            running = [j for j, nodes in self.jobs.items() if node in nodes]
+        lost = []
+        for j in running:
+            with self._job(j):
+                with self._lock:
+                    if node not in self.jobs.get(j, ()):
+                        continue  # the loop stopped or moved it meanwhile
                 self._stop(j, "kill")
                 self.ended.discard(j)
+                lost.append(j)
         self.events.put(AgentEvent("node-lost", "", {"node": node, "jobs": lost}))
 
     def _pump(self, node: int) -> None:
