@@ -121,7 +121,8 @@ class Book:
         self.by_height.remove(key)
         self.by_affinity[self.affinity(s)].remove(key)
 
-    def lowest(self, servers: SortedList, fits: Callable[[int], bool], below: float
+    @staticmethod
+    def lowest(servers: SortedList, fits: Callable[[int], bool], below: float
                ) -> tuple[float, int] | None:
         """The first (height, server) of ``servers`` (an index) that ``fits``, looking only
         at heights under ``below``."""
