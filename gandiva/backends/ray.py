@@ -43,6 +43,7 @@ import queue
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -229,7 +230,9 @@ class RayNodes:
         # one action at a time on each job (the loop's, or a pump's restart of its gang);
         # actions on different jobs go on at once, as the loop hands them out (a suspend that
         # waits for a slow job's mini-batch boundary holds up no other job)
-        self._acting: dict[str, threading.RLock] = {}
+        # (held weakly: a job's lock lives while an action holds it, so ended jobs leave none)
+        self._acting: weakref.WeakValueDictionary[str, threading.RLock] = (
+            weakref.WeakValueDictionary())
         self._closed = False
         self._threads = [threading.Thread(target=self._watch, daemon=True,
                                           name="gandiva-ray-joins")]
