@@ -451,3 +451,40 @@ def test_indexed_placement_chooses_exactly_the_server_algorithm_1_chooses(seed):
             for head in (False, True):
                 want = algorithm_1(newcomer(c, n), c, book, height, head)
                 assert choose_server(newcomer(c, n), c, book, height, True, head=head) == want
+
+
+def test_judging_only_the_trials_whose_jobs_changed_decides_exactly_as_judging_all():
+    """Packing trials are looked at only when one of their jobs changed (a packed sample, an
+    action, a stop); looking at every trial after every event makes the same decisions."""
+    import dataclasses
+
+    from gandiva.policies.gandiva.packing import Trials
+    from gandiva.traces import load_trace
+
+    jobs = sorted((j for j in load_trace("philly").jobs if (j.duration or 0) <= 3600),
+                  key=lambda j: j.submit_time)[:600]
+    t0 = jobs[0].submit_time
+    jobs = [dataclasses.replace(j, submit_time=(j.submit_time - t0) / 4) for j in jobs]
+
+    class Every(Trials):
+        def take_changed(self):
+            super().take_changed()
+            return list(self.host.items())
+
+    looked = []
+
+    class Counted(Trials):
+        def take_changed(self):
+            changed = super().take_changed()
+            looked.append(len(changed))
+            return changed
+
+    def simulate(trials):
+        policy = make_policy("gandiva")
+        policy.trials = trials
+        return Simulator(Cluster.build("4x4"), policy, jobs, reference_gpu="V100").run()
+
+    fast, full = simulate(Counted()), simulate(Every())
+    assert fast.counts["packs"] > 20 and fast.counts["unpacks"] > 0  # trials were judged
+    assert fast.actions == full.actions
+    assert jcts(fast) == jcts(full)

@@ -80,8 +80,7 @@ class Gandiva:
         self._wake = -1.0
         self.solo_mbt: dict[str, float] = {}
         self.packed_mbt: dict[str, float] = {}
-        self.trials: dict[str, str] = {}  # packed guest -> host, awaiting judgement
-        self.recheck_trials = False  # a trial may have ended or become judgeable since
+        self.trials = packing.Trials()
         self.bad_pairs: set[frozenset[str]] = set()
         self.pack_gains: list[float] = []
         self.spread: dict[str, None] = {}
@@ -111,10 +110,14 @@ class Gandiva:
 
     # ---- the decision -------------------------------------------------------------------
     def decide(self, event: E.Event, cluster: Cluster) -> Iterator[A.Action]:
-        if isinstance(event, E.Departure | E.Failure):
-            self.recheck_trials = True  # it stopped jobs: a trial may have ended
+        # what may end a packing trial: a job stopping, and the policy's own actions
+        if isinstance(event, E.Departure):
+            self.trials.changed(event.job_id)
+        elif isinstance(event, E.Failure):
+            self.trials.changed_all()
         for action in self._decide(event, cluster):
-            self.recheck_trials = True  # an action may end a trial (nothing else changes one)
+            if not isinstance(action, A.Wake):
+                self.trials.changed(action.job_id)
             yield action
 
     def _decide(self, event: E.Event, cluster: Cluster) -> Iterator[A.Action]:
@@ -185,8 +188,9 @@ class Gandiva:
     def _forget(self, job: Job) -> None:
         self.book.release(job)
         self.unassigned.discard(job.id)  # a job cancelled before it had a server
-        for d in (self.solo_mbt, self.packed_mbt, self.trials, self.spread, self.elastic_jobs):
+        for d in (self.solo_mbt, self.packed_mbt, self.spread, self.elastic_jobs):
             d.pop(job.id, None)
+        self.trials.end(job.id)
         self.book.last_start.pop(job.id, None)
 
     def _refill(self, cluster: Cluster, servers: set[int], tick: bool) -> Iterator[A.Action]:

@@ -20,6 +20,57 @@ if TYPE_CHECKING:
     from gandiva.policies.gandiva import Gandiva
 
 
+class Trials:
+    """Packing trials awaiting judgement (guest -> host, in the order they began), and the jobs
+    that changed since they were last looked at: a packed sample came, the policy acted on
+    the job, or it stopped. Only a trial with a changed job can have ended or become
+    judgeable, so a look costs the changes, not the trials (thousands on a big cluster)."""
+
+    def __init__(self) -> None:
+        self.host: dict[str, str] = {}  # guest -> host
+        self._guests: dict[str, set[str]] = {}  # host -> guests (a stale trial lingers
+        # beside a new one on the same host until it is looked at)
+        self._seq: dict[str, int] = {}  # guest -> when its trial began
+        self._next = 0
+        self._changed: set[str] = set()
+        self._all = False
+
+    def __contains__(self, guest: str) -> bool:
+        return guest in self.host
+
+    def start(self, guest: str, host: str) -> None:
+        self.host[guest] = host
+        self._guests.setdefault(host, set()).add(guest)
+        self._seq[guest] = self._next
+        self._next += 1
+
+    def end(self, guest: str) -> None:
+        host = self.host.pop(guest, None)
+        if host is not None:
+            del self._seq[guest]
+            self._guests[host].discard(guest)
+            if not self._guests[host]:
+                del self._guests[host]
+
+    def changed(self, job_id: str) -> None:
+        if self.host:
+            self._changed.add(job_id)
+
+    def changed_all(self) -> None:
+        self._all = bool(self.host)
+
+    def take_changed(self) -> list[tuple[str, str]]:
+        """The trials with a changed job, in the order they began; forgets the changes."""
+        if self._all:
+            guests = list(self.host)
+        else:
+            guests = sorted({g for j in self._changed
+                             for g in ({j} & self.host.keys()) | self._guests.get(j, set())},
+                            key=self._seq.__getitem__)
+        self._changed, self._all = set(), False
+        return [(g, self.host[g]) for g in guests]
+
+
 def shares_gpu(cluster: Cluster, job: Job) -> bool:
     return any(len(cluster.gpus[g].jobs) > 1 for g in job.gpus)
 
@@ -31,7 +82,7 @@ def observe(p: Gandiva, cluster: Cluster, sample: E.ProfileSample) -> None:
         return
     if shares_gpu(cluster, job):
         p.packed_mbt[job.id] = sample.mini_batch_time
-        p.recheck_trials = True
+        p.trials.changed(job.id)
     else:
         p.solo_mbt[job.id] = sample.mini_batch_time
         p.packed_mbt.pop(job.id, None)
@@ -58,7 +109,7 @@ def try_pack(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
             if (guest.memory_gb or 0) + (host.memory_gb or 0) > gpu.memory_gb:
                 continue
             yield A.Pack(guest.id, host.gpus)
-            p.trials[guest.id] = host.id
+            p.trials.start(guest.id, host.id)
             p.packed_mbt.pop(guest.id, None)
             p.packed_mbt.pop(host.id, None)
             p.book.last_start[guest.id] = cluster.now
@@ -69,30 +120,23 @@ def try_pack(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
 def judge(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
     """Keep or undo each packing trial once both jobs have a packed profile sample.
 
-    Trials are looked at again only when a packed sample came, a job stopped or the policy
-    acted since the last look (``recheck_trials``): most samples are solo ones, of
-    time-sliced jobs, and most events between them change no trial (a round with nothing to
-    rotate, an arrival that waits).
+    Only trials whose jobs changed since the last look are looked at (``Trials``).
     """
-    if not p.recheck_trials:
-        return
-    p.recheck_trials = False
-    for guest_id, host_id in list(p.trials.items()):
+    for guest_id, host_id in p.trials.take_changed():
         guest, host = cluster.jobs[guest_id], cluster.jobs[host_id]
         together = (guest.status is JobStatus.RUNNING and host.status is JobStatus.RUNNING
                     and set(guest.gpus) & set(host.gpus))
         if not together:
-            del p.trials[guest_id]
+            p.trials.end(guest_id)
             continue
         if guest_id not in p.packed_mbt or host_id not in p.packed_mbt:
             continue
         gain = sum(p.solo_mbt[j] / p.packed_mbt[j] for j in (guest_id, host_id))
-        del p.trials[guest_id]
+        p.trials.end(guest_id)
         p.pack_gains.append(gain)
         if gain <= 1.0 + p.pack_min_gain:
             p.bad_pairs.add(frozenset((guest_id, host_id)))
             yield A.Unpack(guest_id)
-            p.recheck_trials = True
 
 
 def spread_out(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
@@ -111,4 +155,4 @@ def spread_out(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
                 yield A.Unpack(mover.id)
                 yield A.Resume(mover.id, target)
                 p.book.last_start[mover.id] = cluster.now
-                p.trials.pop(mover.id, None)
+                p.trials.end(mover.id)
