@@ -45,10 +45,10 @@ def choose_server(
         return None
     extra = 1 if head else n
 
+    # (every up server has fewer than n free GPUs here: one with more was in ``best``)
     def fits(s: int) -> bool:
         node = cluster.nodes[s]
-        return (node.up and node.size >= n and len(cluster.free_gpus(s)) < n
-                and (book.demand[s] + extra) / node.size <= max_height)
+        return node.up and node.size >= n and (book.demand[s] + extra) / node.size <= max_height
 
     crowded = book.lowest(book.by_affinity.get(n, ()), fits, max_height)
     if crowded is not None:
