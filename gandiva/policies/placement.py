@@ -7,17 +7,23 @@ takes whole free servers, racks kept together, then the servers with the most fr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gandiva.state import Cluster
 
 
 def pick_in_server(cluster: Cluster, node: int, count: int) -> list[int]:
     """``count`` free GPUs of one server, filling the socket with fewest free GPUs that fits."""
-    free = cluster.free_gpus(node)
+    return pick(cluster.free_gpus(node), lambda g: cluster.gpus[g].socket, count)
+
+
+def pick(free: list[int], socket_of: Callable[[int], int], count: int) -> list[int]:
+    """``pick_in_server`` on a list of free GPUs (a plan's, or the state's)."""
     if count == len(free):
         return list(free)
     by_socket: dict[int, list[int]] = {}
     for g in free:
-        by_socket.setdefault(cluster.gpus[g].socket, []).append(g)
+        by_socket.setdefault(socket_of(g), []).append(g)
     fitting = [s for s in by_socket.values() if len(s) >= count]
     if fitting:
         return min(fitting, key=len)[:count]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from gandiva import actions as A
 from gandiva import events as E
-from gandiva.policies.gandiva import admission, elastic, migration, packing, timeslice
+from gandiva.policies.gandiva import admission, elastic, migration, packing, rounds, timeslice
 from gandiva.policies.gandiva.book import Book, Waiting
 from gandiva.policies.gandiva.placement import choose_server, gang_gpus, gang_servers, gpus_on
 from gandiva.state import Cluster, Job, JobStatus
@@ -76,7 +76,9 @@ class Gandiva:
         self.book: Book | None = None  # type: ignore[assignment]
         self.unassigned = Waiting()
         self.timers: list[tuple[float, str, int]] = []
-        self._armed: set[tuple[str, int]] = set()
+        self._armed: dict[tuple[str, int], float] = {}  # (kind, server) -> when
+        self.planned: dict[int, A.Rounds] = {}  # server -> its planned rounds (rounds.py)
+        self.ticking = False  # the event being decided is a tick
         self._wake = -1.0
         self.solo_mbt: dict[str, float] = {}
         self.packed_mbt: dict[str, float] = {}
@@ -97,15 +99,22 @@ class Gandiva:
     # ---- timers -------------------------------------------------------------------------
     def timer(self, at: float, kind: str, server: int = -1) -> None:
         if (kind, server) not in self._armed:
-            self._armed.add((kind, server))
+            self._armed[kind, server] = at
             heapq.heappush(self.timers, (at, kind, server))
+
+    def cancel(self, kind: str, server: int = -1) -> None:
+        self._armed.pop((kind, server), None)  # its entry in the heap is skipped when due
+
+    def _live(self, entry: tuple[float, str, int]) -> bool:
+        return self._armed.get(entry[1:]) == entry[0]
 
     def _due(self, now: float) -> list[tuple[str, int]]:
         due = []
         while self.timers and self.timers[0][0] <= now + 1e-9:
-            _, kind, server = heapq.heappop(self.timers)
-            self._armed.discard((kind, server))
-            due.append((kind, server))
+            entry = heapq.heappop(self.timers)
+            if self._live(entry):
+                del self._armed[entry[1:]]
+                due.append(entry[1:])
         return due
 
     # ---- the decision -------------------------------------------------------------------
@@ -116,7 +125,7 @@ class Gandiva:
         elif isinstance(event, E.Failure):
             self.trials.changed_all()
         for action in self._decide(event, cluster):
-            if not isinstance(action, A.Wake):
+            if not isinstance(action, A.Wake | A.Rounds | A.Thaw):
                 self.trials.changed(action.job_id)
             yield action
 
@@ -124,6 +133,7 @@ class Gandiva:
         if self.book is None:
             self.book = Book.of(cluster)
         touched: set[int] = set()
+        self.ticking = isinstance(event, E.Tick)
         if not isinstance(event, E.Arrival | E.ProfileSample):
             self._stuck = False
         arrived = None
@@ -142,6 +152,7 @@ class Gandiva:
             self.book.add_servers(cluster)
         elif isinstance(event, E.PriorityChange):
             job = cluster.jobs[event.job_id]
+            yield from rounds.thaw(self, cluster, self.book.home.get(job.id, ()))
             if job.id in self.unassigned:
                 self.unassigned.add(job, self._rank(job, cluster))
             touched.update(self.book.home.get(job.id, ()))
@@ -152,9 +163,20 @@ class Gandiva:
                     self._stuck = False
                     yield action
             return
+        elif isinstance(event, E.RoundsEnd):  # the state is the round in progress already
+            rounds.ended(self, cluster, self.planned[event.servers[0]], event.round)
+            yield from self._wake_up()
+            return
 
-        due = self._due(cluster.now) if isinstance(event, E.Tick) else []
+        due = []
+        if isinstance(event, E.Tick):
+            due = self._due(cluster.now)
+            self._wake = -1.0  # this tick was the one asked for: a timer due now needs another
         slices = {server for kind, server in due if kind == "slice"}
+        for s in list(slices):  # plans that end now: all their servers take the round
+            if s in self.planned:
+                slices.update(self.planned[s].servers)
+        yield from rounds.thaw(self, cluster, slices, due=True)
         if slices:
             yield from self._refill(cluster, slices, tick=True)
             if any(True for _ in cluster.nodes_with_free(cluster.max_free_bucket)):
@@ -180,6 +202,14 @@ class Gandiva:
         if (self.defrag and self.unassigned and ("defrag", -1) not in self._armed
                 and migration.fragmented_job(self, cluster)):
             self.timer(cluster.now + self.defrag_interval, "defrag")
+        if self.planned:
+            yield from rounds.thaw_movable(self, cluster)
+        yield from self._wake_up()
+
+    def _wake_up(self) -> Iterator[A.Action]:
+        """Ask for a tick at the first timer, if it is not asked for already."""
+        while self.timers and not self._live(self.timers[0]):
+            heapq.heappop(self.timers)
         if self.timers and self.timers[0][0] != self._wake:
             self._wake = self.timers[0][0]
             yield A.Wake(self._wake)
@@ -196,6 +226,7 @@ class Gandiva:
     def _refill(self, cluster: Cluster, servers: set[int], tick: bool) -> Iterator[A.Action]:
         """A round of time-slicing on ``servers`` (and packing where they stay over-subscribed)."""
         yield from timeslice.rotate(self, cluster, servers, tick)
+        slicing = set()
         for server in sorted(servers):
             waiting = self.book.has_waiting(server, cluster)  # spreading out leaves it so
             if self.pack:
@@ -204,7 +235,20 @@ class Gandiva:
                     yield from packing.try_pack(self, cluster, server)
                     waiting = self.book.has_waiting(server, cluster)
             if waiting:
-                self.timer(timeslice.next_round(self, cluster.now), "slice", server)
+                slicing.add(server)
+        if tick and cluster.fast_rounds:  # plan the rounds of quiet groups ahead
+            for group in rounds.groups(self, slicing):
+                if not slicing.issuperset(group) or not rounds.quiet(self, cluster, group):
+                    continue
+                plan = rounds.plan(self, cluster, group)
+                if plan is not None:
+                    yield plan
+                    for s in group:
+                        self.planned[s] = plan
+                        self.timer(plan.start(len(plan.gpus)), "slice", s)
+                    slicing -= set(group)
+        for server in sorted(slicing):
+            self.timer(timeslice.next_round(self, cluster.now), "slice", server)
 
     def _place_waiting(self, cluster: Cluster, arrived: Job | None = None
                        ) -> Iterator[A.Action]:
@@ -249,6 +293,7 @@ class Gandiva:
                                        head=first) if self.oversubscribe else None
                 if servers is None:
                     return False
+                yield from rounds.thaw(self, cluster, servers)
                 self.book.assign(job, servers)  # it starts at a round of one of them
                 for s in servers:
                     self.timer(timeslice.next_round(self, cluster.now), "slice", s)
@@ -274,6 +319,7 @@ class Gandiva:
         if choice is None:
             return False
         server, starts = choice
+        yield from rounds.thaw(self, cluster, (server,))
         self.book.assign(job, (server,))
         self._placed_on.add(server)
         if starts:
@@ -296,6 +342,9 @@ class Gandiva:
         if not cluster.free_count():
             return  # no free GPU anywhere: nothing can move (and 1,000 servers go unsorted)
         for src in book.crowded():
+            if src in self.planned and rounds.movable(
+                    self, cluster, self.planned[src], rounds.room_elsewhere(self, cluster)):
+                yield from rounds.thaw(self, cluster, (src,))
             for job in sorted(book.waiting(src, cluster), key=lambda j: j.seq):
                 if timeslice.is_gang(self, job):
                     # a time-sliced gang moves to whole free servers as soon as there are some

@@ -38,6 +38,10 @@ class Trials:
     def __contains__(self, guest: str) -> bool:
         return guest in self.host
 
+    def involves(self, job_id: str) -> bool:
+        """Is the job in a trial, as guest or host?"""
+        return job_id in self.host or job_id in self._guests
+
     def start(self, guest: str, host: str) -> None:
         self.host[guest] = host
         self._guests.setdefault(host, set()).add(guest)

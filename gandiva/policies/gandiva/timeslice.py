@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gandiva import actions as A
@@ -36,16 +37,8 @@ if TYPE_CHECKING:
 SWITCH_FIXED_S, SWITCH_PER_GB_S = 0.05, 0.06
 
 
-def switch_delay(job: Job) -> float:
-    return SWITCH_FIXED_S + SWITCH_PER_GB_S * (job.memory_gb or 0.0)
-
-
-def order_key(p: Gandiva, job: Job, now: float) -> tuple[float, float, int]:
-    if p.slice_order == "las":
-        turn = job.attained_at(now)
-    else:
-        turn = p.book.last_start.get(job.id, float("-inf"))
-    return (-job.priority, turn, job.seq)
+def switch_delay(memory_gb: float | None) -> float:
+    return SWITCH_FIXED_S + SWITCH_PER_GB_S * (memory_gb or 0.0)
 
 
 def free_elsewhere(p: Gandiva, cluster: Cluster, server: int, count: int) -> int | None:
@@ -69,73 +62,110 @@ def next_round(p: Gandiva, now: float) -> float:
     return (math.floor(now / p.quantum + 1e-9) + 1) * p.quantum
 
 
-def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool) -> Iterator[A.Action]:
-    """A round on ``servers`` (plus the other servers of their gangs): who runs next.
+@dataclass(slots=True)
+class Slot:
+    """What a round needs to know of a job: read from the state (``rotate``), or carried from
+    round to round by a plan (``rounds.py``)."""
+
+    id: str
+    priority: int
+    seq: int
+    width: int  # GPUs it asks for
+    home: tuple[int, ...]
+    gpus: tuple[int, ...]  # those it holds now (none while it waits)
+    started: float | None  # when its last turn began (``Book.last_start``)
+    attained: float  # GPU-seconds of service up to the round
+    memory_gb: float | None = None
+
+
+def slot(p: Gandiva, job: Job, now: float) -> Slot:
+    return Slot(job.id, job.priority, job.seq, job.num_gpus, p.book.home[job.id], job.gpus,
+                p.book.last_start.get(job.id), job.attained_at(now) if p.slice_order == "las"
+                else 0.0, job.memory_gb)
+
+
+def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick: bool
+           ) -> tuple[set[str], list[Slot]]:
+    """Who runs in the round at ``now`` on servers of ``size`` (gangs' servers all among
+    them): the running gangs that keep their GPUs, and the jobs chosen, in slice order.
 
     In slice order, each job takes GPUs while its server has room; a gang takes whole servers
     and only when all of them still have all their room. On a ``tick`` (a round boundary)
     running jobs compete like the others, except those whose turn began less than half a
     quantum ago (they took freed GPUs between rounds), and in round-robin order they go behind
-    every waiting job of their priority; otherwise (a departure freed GPUs, a
-    priority changed) running jobs go before waiting ones of the same priority, so no turn is
-    cut short but for a job of higher priority.
+    every waiting job of their priority; otherwise (a departure freed GPUs, a priority
+    changed) running jobs go before waiting ones of the same priority, so no turn is cut short
+    but for a job of higher priority.
     """
+    room = dict(size)
+    las = p.slice_order == "las"
+
+    def whole(s: Slot) -> bool:  # a gang whose every server is in this round
+        return all(t in room for t in s.home)
+
+    def take(s: Slot) -> None:
+        if len(s.home) > 1:
+            for t in s.home:
+                if t in room:
+                    room[t] = 0
+        else:
+            room[s.home[0]] -= len(s.gpus) or s.width
+
+    def key(s: Slot) -> tuple:
+        turn = s.attained if las else (s.started if s.started is not None else float("-inf"))
+        prio = -s.priority
+        if not s.gpus:
+            return (prio, 1, turn, s.seq)
+        fresh = now - (s.started if s.started is not None else now) < p.quantum / 2
+        if not tick or fresh:
+            return (prio, 0, turn, s.seq)  # keeps its turn
+        if las:
+            return (prio, 1, turn, s.seq)  # competes on attained service like the others
+        # round-robin: a job whose turn is over goes behind those waiting, and the one that
+        # has run longest gives way first (ordering it by when its turn began, like a waiting
+        # job, kept a job that never stopped first in line for ever)
+        return (prio, 2, -turn, s.seq)
+
+    keep = {s.id for s in slots if s.gpus and len(s.home) > 1 and not whole(s)}
+    for s in slots:
+        if s.id in keep:
+            take(s)
+    chosen: list[Slot] = []
+    for s in sorted((s for s in slots if s.id not in keep), key=key):
+        if len(s.home) > 1:
+            fits = whole(s) and all(room[t] == size[t] for t in s.home)
+        else:
+            fits = s.width <= room[s.home[0]]
+        if fits:
+            chosen.append(s)
+            take(s)
+    return keep, chosen
+
+
+def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool) -> Iterator[A.Action]:
+    """A round on ``servers`` (plus the other servers of their gangs): who runs next
+    (``choose``), carried out."""
     book, now, home = p.book, cluster.now, p.book.home
     S = set(servers)
     for s in servers:
         for jid in book.members[s]:
             S.update(home[jid])
     jobs = list({jid: cluster.jobs[jid] for s in sorted(S) for jid in book.members[s]}.values())
-    size = {s: cluster.nodes[s].size for s in S}
-    room = dict(size)
-    gangs = {j.id for j in jobs if len(home[j.id]) > 1}
-
-    def whole(job: Job) -> bool:  # a gang whose every server is in this round
-        return all(t in room for t in home[job.id])
-
-    def take(job: Job) -> None:
-        if job.id in gangs:
-            for t in home[job.id]:
-                if t in room:
-                    room[t] = 0
-        else:
-            room[home[job.id][0]] -= len(job.gpus) or job.num_gpus
-
-    def key(job: Job) -> tuple:
-        prio, turn, seq = order_key(p, job, now)
-        if job.status is not JobStatus.RUNNING:
-            return (prio, 1, turn, seq)
-        fresh = now - book.last_start.get(job.id, now) < p.quantum / 2  # its turn just began
-        if not tick or fresh:
-            return (prio, 0, turn, seq)  # keeps its turn
-        if p.slice_order == "las":
-            return (prio, 1, turn, seq)  # competes on attained service like the others
-        # round-robin: a job whose turn is over goes behind those waiting, and the one that
-        # has run longest gives way first (ordering it by when its turn began, like a waiting
-        # job, kept a job that never stopped first in line for ever)
-        return (prio, 2, -turn, seq)
-
-    keep = {j.id for j in jobs
-            if j.status is JobStatus.RUNNING and j.id in gangs and not whole(j)}
-    for job in jobs:
-        if job.id in keep:
-            take(job)
-    chosen: list[Job] = []
-    for job in sorted((j for j in jobs if j.id not in keep), key=key):
-        if job.id in gangs:
-            fits = whole(job) and all(room[t] == size[t] for t in home[job.id])
-        else:
-            fits = job.num_gpus <= room[home[job.id][0]]
-        if fits:
-            chosen.append(job)
-            take(job)
+    keep, chosen_slots = choose(p, [slot(p, j, now) for j in jobs],
+                                {s: cluster.nodes[s].size for s in S}, now, tick)
+    chosen = [cluster.jobs[s.id] for s in chosen_slots]
     run = keep | {j.id for j in chosen}
-    top = max((j.priority for j in chosen), default=None)  # the highest priority given room
+    # the highest priority given room on each server: a job is displaced only by a job of
+    # higher priority on its own server
+    top: dict[int, int] = {}
+    for j in chosen:
+        for t in home[j.id]:
+            top[t] = max(top.get(t, j.priority), j.priority)
     for job in jobs:
         if job.status is not JobStatus.RUNNING or job.id in run:
             continue
         elsewhere = None
-        if job.id not in gangs and top is not None and top > job.priority:
+        if len(home[job.id]) == 1 and top.get(home[job.id][0], job.priority) > job.priority:
             elsewhere = free_elsewhere(p, cluster, home[job.id][0], job.num_gpus)
         if elsewhere is not None:
             # a lower-priority job moves away rather than stop, where GPUs are free
@@ -152,7 +182,7 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool) -> Itera
                                                 len(cluster.free_gpus(t)))))
         if job.status is JobStatus.SUSPENDED:
             yield A.Resume(job.id, tuple(gpus))
-            book.last_start[job.id] = now - switch_delay(job)
+            book.last_start[job.id] = now - switch_delay(job.memory_gb)
         else:
             yield A.Place(job.id, tuple(gpus))
             book.last_start[job.id] = now
