@@ -179,6 +179,8 @@ class Gandiva:
         yield from rounds.thaw(self, cluster, slices, due=True)
         if slices:
             yield from self._refill(cluster, slices, tick=True)
+        # (planned rounds are rounds too: see rounds.keep_lowering)
+        if slices or self.planned and ("lower", -1) in due:
             if any(True for _ in cluster.nodes_with_free(cluster.max_free_bucket)):
                 yield from self._lower_height(cluster)  # a gang whose turn ended may move
         if touched - slices:
@@ -203,7 +205,7 @@ class Gandiva:
                 and migration.fragmented_job(self, cluster)):
             self.timer(cluster.now + self.defrag_interval, "defrag")
         if self.planned:
-            yield from rounds.thaw_movable(self, cluster)
+            rounds.keep_lowering(self, cluster)
         yield from self._wake_up()
 
     def _wake_up(self) -> Iterator[A.Action]:
@@ -284,10 +286,10 @@ class Gandiva:
 
     def _place(self, cluster: Cluster, job: Job, first: bool = False):  # -> Generator[..., bool]
         if job.num_gpus > cluster.max_free_bucket:
-            gpus = gang_gpus(job, cluster)
+            gpus = yield from self._gang_gpus(job, cluster)
             if gpus is None and self.las_admission and first:
                 yield from admission.clear_servers(self, cluster, job)
-                gpus = gang_gpus(job, cluster)
+                gpus = yield from self._gang_gpus(job, cluster)
             if gpus is None:
                 servers = gang_servers(job, cluster, self.book, self.max_height,
                                        head=first) if self.oversubscribe else None
@@ -342,13 +344,12 @@ class Gandiva:
         if not cluster.free_count():
             return  # no free GPU anywhere: nothing can move (and 1,000 servers go unsorted)
         for src in book.crowded():
-            if src in self.planned and rounds.movable(
-                    self, cluster, self.planned[src], rounds.room_elsewhere(self, cluster)):
+            if src in self.planned and rounds.unseen(self, cluster, src):
                 yield from rounds.thaw(self, cluster, (src,))
             for job in sorted(book.waiting(src, cluster), key=lambda j: j.seq):
                 if timeslice.is_gang(self, job):
                     # a time-sliced gang moves to whole free servers as soon as there are some
-                    gpus = gang_gpus(job, cluster)
+                    gpus = yield from self._gang_gpus(job, cluster)
                     if gpus is not None and not migration.is_spread(cluster, job.num_gpus,
                                                                     gpus):
                         book.assign(job, tuple(sorted(cluster.servers_of(gpus))))
@@ -359,6 +360,18 @@ class Gandiva:
                     return
                 book.assign(job, (dest,))
                 yield self._start(job, gpus_on(cluster, dest, job.num_gpus), cluster.now)
+
+    def _gang_gpus(self, job: Job, cluster: Cluster):  # -> Generator[..., gpus | None]
+        """``gang_gpus``, chosen again where they are on planned servers (rounds.thaw_gpus)."""
+        gpus = gang_gpus(job, cluster)
+        if gpus is not None and (yield from self.thaw_gpus(cluster, gpus)):
+            gpus = gang_gpus(job, cluster)
+        return gpus
+
+    def thaw_gpus(self, cluster: Cluster, gpus: tuple[int, ...]):  # -> Generator[.., bool]
+        if not self.planned:
+            return False
+        return (yield from rounds.thaw_gpus(self, cluster, gpus))
 
     def _recover(self, cluster: Cluster, node: int) -> None:
         """Jobs of a failed server go back to placement (from their last checkpoint)."""

@@ -54,6 +54,8 @@ def consolidate(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
         if jid in cluster.transitions:
             continue  # still starting or moving on its node: looked at again at a departure
         target = _consolidated(cluster, job)
+        if target is not None and (yield from p.thaw_gpus(cluster, target)):
+            target = _consolidated(cluster, job)
         if target is None:
             continue
         yield A.Migrate(jid, target)
@@ -103,6 +105,9 @@ def defragment(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
         ):
             continue
         plan = _plan_moves(cluster, source, members)
+        if plan is not None and (yield from p.thaw_gpus(
+                cluster, tuple(g for _, gpus in plan for g in gpus))):
+            plan = _plan_moves(cluster, source, members)
         if plan is None:
             continue
         for job, gpus in plan:

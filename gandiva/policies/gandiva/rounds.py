@@ -63,7 +63,7 @@ def quiet(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> bool:
     if not members or len({j.priority for j in members}) > 1:
         return False
     for s in servers:
-        if not cluster.nodes[s].up or cluster.free_gpus(s) or not book.has_waiting(s, cluster):
+        if not cluster.nodes[s].up or not book.has_waiting(s, cluster):
             return False
     for job in members:
         if (job.status not in (JobStatus.RUNNING, JobStatus.SUSPENDED)
@@ -86,8 +86,9 @@ def quiet(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> bool:
 
 def plan(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> A.Rounds | None:
     """The next rounds on quiet ``servers``, worked out as ``rotate`` would carry them out,
-    up to the first that would leave a GPU free or a server with no job waiting (which a
-    round carried out must handle), at most ``PLAN_ROUNDS``; None if not even one."""
+    up to the first that would change a server's count of free GPUs (which others read) or
+    leave it no job waiting (which a round carried out must handle), at most
+    ``PLAN_ROUNDS``; None if not even one."""
     book, q = p.book, p.quantum
     order = list({j: None for s in servers for j in book.members[s]})
     jobs = [cluster.jobs[j] for j in order]
@@ -95,25 +96,18 @@ def plan(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> A.Rounds | N
     attained = [j.attained for j in jobs]
     since = [j.run_since for j in jobs]
     size = {s: cluster.nodes[s].size for s in servers}
-    free: dict[int, list[int]] = {s: [] for s in servers}
+    free = {s: list(cluster.free_gpus(s)) for s in servers}
+    idle = {s: len(free[s]) for s in servers}
     node_of = {g: cluster.gpus[g].node for s in servers for g in cluster.nodes[s].gpus}
 
     def socket_of(g: int) -> int:
         return cluster.gpus[g].socket
-
-    def narrow_waits() -> dict[int, bool]:
-        out = dict.fromkeys(servers, False)
-        for sl in slots:
-            if not sl.gpus and len(sl.home) == 1:
-                out[sl.home[0]] = True
-        return out
 
     first = round(cluster.now / q)
     if first * q != cluster.now:  # rounds fall on multiples of the quantum
         return None
     index = {sl.id: i for i, sl in enumerate(slots)}
     rounds = [tuple(sl.gpus for sl in slots)]
-    narrow = narrow_waits()
     las = p.slice_order == "las"
     for r in range(1, PLAN_ROUNDS):
         now = (first + r) * q
@@ -145,8 +139,7 @@ def plan(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> A.Rounds | N
             sl.started = now - timeslice.switch_delay(sl.memory_gb)
             since[index[sl.id]] = now
         waiting = {t for sl in slots if not sl.gpus for t in sl.home}
-        if any(free[s] for s in servers) or waiting != set(servers) \
-                or narrow_waits() != narrow:
+        if any(len(free[s]) != idle[s] for s in servers) or waiting != set(servers):
             break
         rounds.append(tuple(sl.gpus for sl in slots))
     if len(rounds) < 2:
@@ -173,6 +166,15 @@ def ended(p: Gandiva, cluster: Cluster, rounds: A.Rounds, r: int, *, due: bool =
             p.timer(rounds.start(r + 1), "slice", s)
 
 
+def thaw_gpus(p: Gandiva, cluster: Cluster, gpus: tuple[int, ...]):  # -> Generator[.., bool]
+    """End the plans of the servers of ``gpus`` (free GPUs chosen in a planned round 0: a
+    plan keeps a server's count of free GPUs, not which ones); True if any ended, so that
+    the GPUs are chosen again."""
+    servers = sorted({cluster.gpus[g].node for g in gpus} & p.planned.keys())
+    yield from thaw(p, cluster, servers)
+    return bool(servers)
+
+
 def thaw(p: Gandiva, cluster: Cluster, servers, *, due: bool = False) -> Iterator[A.Action]:
     """End the plans on any of ``servers`` before the policy reads or changes them."""
     for s in servers:
@@ -184,11 +186,22 @@ def thaw(p: Gandiva, cluster: Cluster, servers, *, due: bool = False) -> Iterato
             ended(p, cluster, rounds, r, due=due)
 
 
+def unseen(p: Gandiva, cluster: Cluster, server: int) -> bool:
+    """Would ``_lower_height`` find a planned ``server``'s waiting jobs other than the state
+    shows them (round 0)? Only if one of the plan's jobs could move to free GPUs, or a job
+    narrower than a server waits there now and did not in round 0 or the reverse (it stops
+    at such a job that cannot move); gangs that cannot move it passes by."""
+    rounds = p.planned[server]
+    r = rounds.round_at(cluster.now, tick=p.ticking)
+    home = p.book.home
+    waits = [any(not gpus[i] and home[jid] == (server,) for i, jid in enumerate(rounds.jobs))
+             for gpus in (rounds.gpus[0], rounds.gpus[r])]
+    return waits[0] != waits[1] or movable(p, cluster, rounds, room_elsewhere(p, cluster))
+
+
 def movable(p: Gandiva, cluster: Cluster, rounds: A.Rounds, room: int) -> bool:
     """Could a waiting job of the plan move to free GPUs now (``room``: the most free GPUs
-    of a server where no job waits)? ``_lower_height`` reads a planned server's waiting jobs
-    only then; otherwise each round's waiting jobs meet the same end as round 0's, which the
-    state shows (``plan`` keeps whether a server has a narrow job waiting the same)."""
+    of a server where no job waits)?"""
     for jid in rounds.jobs:
         job = cluster.jobs[jid]
         if len(p.book.home[jid]) > 1:
@@ -210,11 +223,9 @@ def room_elsewhere(p: Gandiva, cluster: Cluster) -> int:
     return 0
 
 
-def thaw_movable(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
-    """End the plans whose waiting jobs could move (free GPUs came since they were made)."""
-    if not cluster.free_count():
-        return
-    room = room_elsewhere(p, cluster)
-    for rounds in list({id(r): r for r in p.planned.values()}.values()):
-        if movable(p, cluster, rounds, room):
-            yield from thaw(p, cluster, rounds.servers)
+def keep_lowering(p: Gandiva, cluster: Cluster) -> None:
+    """Keep a tick at each round boundary while a whole server is free: a round carried out
+    there would let ``_lower_height`` move waiting jobs to it (it reads a planned group, and
+    ends its plan if a job of it could move, when it gets to it)."""
+    if any(True for _ in cluster.nodes_with_free(cluster.max_free_bucket)):
+        p.timer(timeslice.next_round(p, cluster.now), "lower")
