@@ -32,7 +32,11 @@ _UNPLAN, _DONE, _FAIL, _ARRIVE, _PRIORITY, _PROFILE, _TICK = range(7)
 @dataclass
 class SimConfig:
     seed: int = 0
-    profile_noise: float = 0.05  # relative std. dev. of profiled mini-batch time, utilisation
+    # relative std. dev. of profiled mini-batch time and utilisation. Decision: a measurement's
+    # error depends on what it measures (the job alone, or beside which jobs), not on when:
+    # the same configuration measures the same, so a job's reports between changes carry no
+    # news, and rounds planned ahead (fast_rounds) can skip them without changing a result
+    profile_noise: float = 0.05
     profile_after: int = 20  # steps measured after a (re)start before a profile sample
     checkpoint_interval: float = 1800.0  # s; a failure loses the work since the last checkpoint
     failures: list[tuple[float, int]] = field(default_factory=list)  # (time, server)
@@ -118,7 +122,7 @@ class Simulator:
         self._plan_of: dict[str, A.Rounds] = {}  # job -> the planned rounds it is in
         self._plan_at: dict[int, A.Rounds] = {}  # server -> the same
         self.policy = policy
-        self.rng = random.Random(self.config.seed)
+        self._noise: dict[tuple[str, tuple[str, ...]], float] = {}
         self.now = 0.0
         self._heap: list[tuple[float, int, int, int, object]] = []
         self._seq = 0
@@ -350,11 +354,24 @@ class Simulator:
             for jid, priority in self.config.controller(sample, self.cluster):
                 self.scheduler.handle(E.PriorityChange(self.now, jid, priority))
 
+    def _jitter(self, rec: JobRecord) -> float:
+        """The relative error of the job's measurements where it runs now (``profile_noise``)."""
+        noise = self.config.profile_noise
+        if not noise:
+            return 1.0
+        on = self.cluster.gpus
+        key = (rec.spec.id, tuple(sorted({j for g in rec.gpus for j in on[g].jobs}
+                                         - {rec.spec.id})))
+        jitter = self._noise.get(key)
+        if jitter is None:
+            draw = random.Random(f"{self.config.seed}/{key[0]}/{'+'.join(key[1])}")
+            jitter = self._noise[key] = max(0.5, draw.gauss(1.0, noise))
+        return jitter
+
     def _sample(self, rec: JobRecord) -> E.ProfileSample:
         self._advance(rec)
-        noise = self.config.profile_noise
         prof = self.perf.profile(rec.model)
-        jitter = max(0.5, self.rng.gauss(1.0, noise)) if noise else 1.0
+        jitter = self._jitter(rec)
         return E.ProfileSample(
             time=self.now,
             job_id=rec.spec.id,

@@ -79,6 +79,7 @@ class Gandiva:
         self._armed: dict[tuple[str, int], float] = {}  # (kind, server) -> when
         self.planned: dict[int, A.Rounds] = {}  # server -> its planned rounds (rounds.py)
         self.ticking = False  # the event being decided is a tick
+        self.unplannable: dict[tuple[int, ...], float] = {}  # group -> not tried before
         self._wake = -1.0
         self.solo_mbt: dict[str, float] = {}
         self.packed_mbt: dict[str, float] = {}
@@ -239,16 +240,7 @@ class Gandiva:
             if waiting:
                 slicing.add(server)
         if tick and cluster.fast_rounds:  # plan the rounds of quiet groups ahead
-            for group in rounds.groups(self, slicing):
-                if not slicing.issuperset(group) or not rounds.quiet(self, cluster, group):
-                    continue
-                plan = rounds.plan(self, cluster, group)
-                if plan is not None:
-                    yield plan
-                    for s in group:
-                        self.planned[s] = plan
-                        self.timer(plan.start(len(plan.gpus)), "slice", s)
-                    slicing -= set(group)
+            yield from rounds.plan_quiet(self, cluster, slicing)
         for server in sorted(slicing):
             self.timer(timeslice.next_round(self, cluster.now), "slice", server)
 

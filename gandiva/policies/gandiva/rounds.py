@@ -33,6 +33,29 @@ if TYPE_CHECKING:
 
 # rounds per plan: a longer plan costs more to work out when a touch ends it early
 PLAN_ROUNDS = 32
+# a group whose next round could not be planned is not tried again for this many rounds (its
+# rounds are carried out one by one meanwhile, as without plans: a matter of speed only)
+RETRY_ROUNDS = 4
+
+
+def plan_quiet(p: Gandiva, cluster: Cluster, slicing: set[int]) -> Iterator[A.Action]:
+    """After a round: plan the next rounds of the quiet groups among ``slicing`` (servers
+    with jobs waiting, whose next round is due), and take their servers out of it."""
+    now = cluster.now
+    for group in groups(p, slicing):
+        if (not slicing.issuperset(group) or p.unplannable.get(group, -1.0) > now
+                or not quiet(p, cluster, group)):
+            continue
+        rounds = plan(p, cluster, group)
+        if rounds is None:
+            p.unplannable[group] = now + RETRY_ROUNDS * p.quantum - 1e-6
+            continue
+        p.unplannable.pop(group, None)
+        yield rounds
+        for s in group:
+            p.planned[s] = rounds
+            p.timer(rounds.start(len(rounds.gpus)), "slice", s)
+        slicing -= set(group)
 
 
 def groups(p: Gandiva, servers: set[int]) -> list[tuple[int, ...]]:
