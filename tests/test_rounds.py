@@ -1,0 +1,113 @@
+"""Planned rounds (``policies/gandiva/rounds.py``): the simulator carries quiet time-slicing
+rounds out in closed form, and nothing about a run may change but its speed."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import pytest
+
+from gandiva import actions as A
+from gandiva import events as E
+from gandiva.policies import make_policy
+from gandiva.sim.engine import SimConfig, SimResult, Simulator
+from gandiva.state import Cluster, InvariantError
+from gandiva.traces import load_trace
+
+
+def philly_stretch(first: int = 2500, last: int = 3000):
+    """A busy stretch of Philly, from its first job's arrival: 1- to 16-GPU jobs, packing."""
+    trace = load_trace("philly", jobs=last)
+    jobs = trace.jobs[first:last]
+    t0 = jobs[0].submit_time
+    return [dataclasses.replace(j, submit_time=j.submit_time - t0) for j in jobs]
+
+
+class Watched(Simulator):
+    """Counts the plans made, the servers they cover, and what ended them."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: Counter[str] = Counter()
+        self.plans: list[A.Rounds] = []
+        self.handed_back: list[float] = []
+        self._event = "start"
+
+    def execute(self, action, cluster) -> None:
+        if isinstance(action, A.Rounds):
+            self.plans.append(action)
+            self.seen["plans"] += 1
+            self.seen["gang plans"] += len(action.servers) > 1
+        elif isinstance(action, A.Thaw):
+            self.seen[f"ended at {self._event}"] += 1
+        super().execute(action, cluster)
+
+    def _hand_back(self, rounds) -> None:
+        self.seen["handed back"] += 1
+        self.handed_back.append(self.now)
+        super()._hand_back(rounds)
+
+
+def run(jobs, cluster: str, fast: bool, **config) -> tuple[SimResult, Watched]:
+    sim = Watched(Cluster.build(cluster), make_policy("gandiva", 0), jobs,
+                  config=SimConfig(timeline=False, fast_rounds=fast, **config))
+    handle = sim.scheduler.handle
+
+    def noting(event: E.Event) -> None:
+        sim._event = type(event).__name__
+        handle(event)
+
+    sim.scheduler.handle = noting  # type: ignore[method-assign]
+    return sim.run(), sim
+
+
+def assert_same_run(slow: SimResult, fast: SimResult) -> None:
+    assert fast.counts == slow.counts
+    assert fast.events < slow.events
+    by_id = {r.spec.id: r for r in fast.jobs}
+    for r in slow.jobs:
+        twin = by_id[r.spec.id]
+        assert twin.finish == pytest.approx(r.finish, abs=1e-5), r.spec.id
+        assert twin.first_feedback == pytest.approx(r.first_feedback, abs=1e-5), r.spec.id
+        assert twin.held_s == pytest.approx(r.held_s, abs=1e-5), r.spec.id
+        assert twin.stall_s == pytest.approx(r.stall_s, abs=1e-5), r.spec.id
+    assert fast.allocated_gpu_seconds == pytest.approx(slow.allocated_gpu_seconds, rel=1e-9)
+
+
+def test_planned_rounds_end_in_the_same_run_as_rounds_carried_out_one_by_one():
+    jobs = philly_stretch()
+    slow, _ = run(jobs, "12x4", fast=False)
+    fast, sim = run(jobs, "12x4", fast=True)
+    assert_same_run(slow, fast)
+    # it did plan, gangs' servers together too, and plans ended every way they can
+    assert sim.seen["plans"] > 300 and sim.seen["gang plans"] > 10
+    assert sim.seen["handed back"] > 0 and sim.seen["ended at Tick"] > 0
+    assert fast.events < 0.8 * slow.events
+
+
+def test_planned_rounds_end_before_a_failure_or_a_priority_change_as_if_carried_out():
+    jobs = philly_stretch()
+    _, sim = run(jobs, "12x4", fast=True)
+    # the first change comes in the middle of a plan's second round (later ones may not:
+    # the run differs from there on)
+    changes = [(p.start(1) + 30.0, p.jobs[0], 1) for p in sim.plans[50:400:25]]
+    failures = [(p.start(2) + 17.0, p.servers[0]) for p in sim.plans[20:400:60]]
+    slow, _ = run(jobs, "12x4", fast=False, priority_changes=changes, failures=failures)
+    fast, sim = run(jobs, "12x4", fast=True, priority_changes=changes, failures=failures)
+    assert_same_run(slow, fast)
+    assert slow.counts["failures"] == len(failures)
+    assert sim.seen["ended at PriorityChange"] > 0  # the policy ended plans it was to change
+    assert {t for t, _ in failures} & set(sim.handed_back)  # the simulator, those that failed
+
+
+def test_only_a_backend_that_carries_rounds_out_itself_is_given_a_plan():
+    cluster = Cluster.build("1x4")
+    rounds = A.Rounds((0,), 0, 60.0, (), ((),))
+    with pytest.raises(InvariantError, match="carries out every round itself"):
+        cluster.apply(rounds)
+    # and the simulator plans only where every action and report may go unrecorded
+    for config in (SimConfig(timeline=True), SimConfig(timeline=False, report_every=100),
+                   SimConfig(timeline=False, fast_rounds=False)):
+        sim = Simulator(Cluster.build("1x4"), make_policy("gandiva", 0), [], config=config)
+        assert not sim.cluster.fast_rounds
