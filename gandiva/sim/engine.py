@@ -32,10 +32,11 @@ _UNPLAN, _DONE, _FAIL, _ARRIVE, _PRIORITY, _PROFILE, _TICK = range(7)
 @dataclass
 class SimConfig:
     seed: int = 0
-    # relative std. dev. of profiled mini-batch time and utilisation. Decision: a measurement's
-    # error depends on what it measures (the job alone, or beside which jobs), not on when:
-    # the same configuration measures the same, so a job's reports between changes carry no
-    # news, and rounds planned ahead (fast_rounds) can skip them without changing a result
+    # relative std. dev. of profiled mini-batch time and utilisation. Decision: a job measured
+    # alone measures the same each time (its error is a bias of the job), so its reports
+    # between changes carry no news, and rounds planned ahead (fast_rounds) can skip them
+    # without changing a result; measured beside other jobs (a packing trial) it has a fresh
+    # error each time, so that trying a pair again measures it again
     profile_noise: float = 0.05
     profile_after: int = 20  # steps measured after a (re)start before a profile sample
     checkpoint_interval: float = 1800.0  # s; a failure loses the work since the last checkpoint
@@ -122,7 +123,7 @@ class Simulator:
         self._plan_of: dict[str, A.Rounds] = {}  # job -> the planned rounds it is in
         self._plan_at: dict[int, A.Rounds] = {}  # server -> the same
         self.policy = policy
-        self._noise: dict[tuple[str, tuple[str, ...]], float] = {}
+        self._noise: dict[str, float] = {}  # job -> the error of its measurements alone
         self.now = 0.0
         self._heap: list[tuple[float, int, int, int, object]] = []
         self._seq = 0
@@ -355,17 +356,20 @@ class Simulator:
                 self.scheduler.handle(E.PriorityChange(self.now, jid, priority))
 
     def _jitter(self, rec: JobRecord) -> float:
-        """The relative error of the job's measurements where it runs now (``profile_noise``)."""
+        """The relative error of the job's measurement now (``profile_noise``): drawn from
+        the seed, the job and, beside other jobs, which ones and when."""
         noise = self.config.profile_noise
         if not noise:
             return 1.0
         on = self.cluster.gpus
-        key = (rec.spec.id, tuple(sorted({j for g in rec.gpus for j in on[g].jobs}
-                                         - {rec.spec.id})))
-        jitter = self._noise.get(key)
+        beside = sorted({j for g in rec.gpus for j in on[g].jobs} - {rec.spec.id})
+        if beside:
+            key = f"{self.config.seed}/{rec.spec.id}/{'+'.join(beside)}/{self.now!r}"
+            return max(0.5, random.Random(key).gauss(1.0, noise))
+        jitter = self._noise.get(rec.spec.id)
         if jitter is None:
-            draw = random.Random(f"{self.config.seed}/{key[0]}/{'+'.join(key[1])}")
-            jitter = self._noise[key] = max(0.5, draw.gauss(1.0, noise))
+            draw = random.Random(f"{self.config.seed}/{rec.spec.id}")
+            jitter = self._noise[rec.spec.id] = max(0.5, draw.gauss(1.0, noise))
         return jitter
 
     def _sample(self, rec: JobRecord) -> E.ProfileSample:
