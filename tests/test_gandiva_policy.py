@@ -488,3 +488,29 @@ def test_judging_only_the_trials_whose_jobs_changed_decides_exactly_as_judging_a
     assert fast.counts["packs"] > 20 and fast.counts["unpacks"] > 0  # trials were judged
     assert fast.actions == full.actions
     assert jcts(fast) == jcts(full)
+
+
+def test_slices_by_level_let_a_newcomer_in_at_once_and_then_run_one_level_first_come_first():
+    """``slice_order=levels``: a newcomer takes the GPU from a job past 1 GPU-hour at the next
+    round, but two newcomers of the same level run one after the other, not a quantum each in
+    turn, so the first ends as soon as it would alone after its start."""
+    jobs = (job("long", 0, 1, 36_000), job("b", 7_200, 1, 600), job("c", 7_230, 1, 600))
+    for order in ("levels", "roundrobin"):
+        result, _ = run("1x1", f"gandiva:-pack:slice_order={order}", *jobs)
+        rec = {r.spec.id: r for r in result.jobs}
+        assert rec["b"].start <= 7_260.0  # at the first round after its arrival
+        if order == "levels":
+            assert rec["b"].finish < 7_260.0 + 600 + 5  # alone, but for one resume
+            assert rec["c"].start >= rec["b"].finish
+        else:  # round-robin shares the GPU a quantum at a time among all three
+            assert rec["b"].finish > 7_260.0 + 1_200
+    # seven 8-GPU gangs on 8 GPUs (gavel-philly-23dbec): near LAS, where round-robin
+    # makes them all end late
+    from gandiva.sim.run import simulate
+    from gandiva.traces import load_trace
+
+    trace = load_trace("gavel-philly-23dbec")
+    mean = {p: summarize(simulate(trace, p, cluster="2x4:V100"))["mean_jct_s"]
+            for p in ("las", "gandiva", "gandiva:slice_order=levels")}
+    assert mean["gandiva:slice_order=levels"] < 0.8 * mean["gandiva"]
+    assert mean["gandiva:slice_order=levels"] == pytest.approx(mean["las"], rel=0.02)

@@ -35,7 +35,8 @@ class Gandiva:
     elastic: bool = True
     # the paper's suspend/resume quantum
     quantum: float = 60.0
-    # "roundrobin" (the paper) or "las": order time slices by attained service (least first)
+    # "roundrobin" (the paper), "las": order time slices by attained service (least first),
+    # or "levels": by attained-service level, first come first served within one (timeslice.py)
     slice_order: str = "roundrobin"
     # beyond the paper, off by default: when every server is at max_height, a newcomer takes
     # the place of the job with the most attained service (Tiresias' idea, cluster-wide); see
@@ -69,8 +70,9 @@ class Gandiva:
     rng: random.Random = field(default_factory=random.Random, repr=False)
 
     def __post_init__(self) -> None:
-        if self.slice_order not in ("roundrobin", "las"):
-            raise ValueError(f"slice_order must be roundrobin or las, not {self.slice_order!r}")
+        if self.slice_order not in timeslice.ORDERS:
+            raise ValueError(f"slice_order must be one of {', '.join(timeslice.ORDERS)}, "
+                             f"not {self.slice_order!r}")
         if self.quantum <= 0:
             raise ValueError("quantum must be positive (seconds)")
         self.book: Book | None = None  # type: ignore[assignment]

@@ -137,7 +137,7 @@ def plan(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> A.Rounds | N
         return None
     index = {sl.id: i for i, sl in enumerate(slots)}
     rounds = [tuple(sl.gpus for sl in slots)]
-    las = p.slice_order == "las"
+    las = p.slice_order in timeslice.BY_SERVICE
     for r in range(1, PLAN_ROUNDS):
         now = (first + r) * q
         if las:
