@@ -32,11 +32,12 @@ _UNPLAN, _DONE, _FAIL, _ARRIVE, _PRIORITY, _PROFILE, _TICK = range(7)
 @dataclass
 class SimConfig:
     seed: int = 0
-    # relative std. dev. of profiled mini-batch time and utilisation. Decision: a job measured
-    # alone measures the same each time (its error is a bias of the job), so its reports
-    # between changes carry no news, and rounds planned ahead (fast_rounds) can skip them
-    # without changing a result; measured beside other jobs (a packing trial) it has a fresh
-    # error each time, so that trying a pair again measures it again
+    # relative std. dev. of profiled mini-batch time and utilisation. Decision: a job's
+    # utilisation, and its mini-batch time alone, measure the same each time (their error is a
+    # bias of the job), so its reports between changes carry no news, and rounds planned ahead
+    # (fast_rounds) can skip them without changing a result; its mini-batch time beside other
+    # jobs (a packing trial) has a fresh error each time, so that a pair tried again is
+    # measured again
     profile_noise: float = 0.05
     profile_after: int = 20  # steps measured after a (re)start before a profile sample
     checkpoint_interval: float = 1800.0  # s; a failure loses the work since the last checkpoint
@@ -124,6 +125,7 @@ class Simulator:
         self._plan_at: dict[int, A.Rounds] = {}  # server -> the same
         self.policy = policy
         self._noise: dict[str, float] = {}  # job -> the error of its measurements alone
+        self._measured: dict[str, int] = {}  # job beside others -> measurements so far
         self.now = 0.0
         self._heap: list[tuple[float, int, int, int, object]] = []
         self._seq = 0
@@ -355,33 +357,37 @@ class Simulator:
             for jid, priority in self.config.controller(sample, self.cluster):
                 self.scheduler.handle(E.PriorityChange(self.now, jid, priority))
 
-    def _jitter(self, rec: JobRecord) -> float:
-        """The relative error of the job's measurement now (``profile_noise``): drawn from
-        the seed, the job and, beside other jobs, which ones and when."""
+    def _errors(self, rec: JobRecord) -> tuple[float, float]:
+        """The relative errors (``profile_noise``) of the job's measurements now: of its
+        mini-batch time, and of its utilisation (the job's bias, drawn from the seed and the
+        job; beside other jobs the time's error is drawn afresh, from them and the count of
+        such measurements: not from the time, whose last bits differ with the order in which
+        progress was summed)."""
         noise = self.config.profile_noise
         if not noise:
-            return 1.0
+            return 1.0, 1.0
+        bias = self._noise.get(rec.spec.id)
+        if bias is None:
+            draw = random.Random(f"{self.config.seed}/{rec.spec.id}")
+            bias = self._noise[rec.spec.id] = max(0.5, draw.gauss(1.0, noise))
         on = self.cluster.gpus
         beside = sorted({j for g in rec.gpus for j in on[g].jobs} - {rec.spec.id})
-        if beside:
-            key = f"{self.config.seed}/{rec.spec.id}/{'+'.join(beside)}/{self.now!r}"
-            return max(0.5, random.Random(key).gauss(1.0, noise))
-        jitter = self._noise.get(rec.spec.id)
-        if jitter is None:
-            draw = random.Random(f"{self.config.seed}/{rec.spec.id}")
-            jitter = self._noise[rec.spec.id] = max(0.5, draw.gauss(1.0, noise))
-        return jitter
+        if not beside:
+            return bias, bias
+        key = f"{self.config.seed}/{rec.spec.id}/{'+'.join(beside)}"
+        n = self._measured[key] = self._measured.get(key, 0) + 1
+        return max(0.5, random.Random(f"{key}/{n}").gauss(1.0, noise)), bias
 
     def _sample(self, rec: JobRecord) -> E.ProfileSample:
         self._advance(rec)
         prof = self.perf.profile(rec.model)
-        jitter = self._jitter(rec)
+        timing, bias = self._errors(rec)
         return E.ProfileSample(
             time=self.now,
             job_id=rec.spec.id,
-            mini_batch_time=jitter * len(rec.gpus) / rec.rate,  # one step of the job's loop
+            mini_batch_time=timing * len(rec.gpus) / rec.rate,  # one step of the job's loop
             memory_gb=prof.memory_gb,  # the allocator's peak is exact; timings are noisy
-            utilization=min(1.0, prof.utilization * jitter),
+            utilization=min(1.0, prof.utilization * bias),
             mini_batches_done=int(rec.done / rec.spec.num_gpus),  # steps of the job's loop
         )
 
