@@ -81,7 +81,7 @@ class Gandiva:
         self._armed: dict[tuple[str, int], float] = {}  # (kind, server) -> when
         self.planned: dict[int, A.Rounds] = {}  # server -> its planned rounds (rounds.py)
         self.ticking = False  # the event being decided is a tick
-        self.unplannable: dict[tuple[int, ...], float] = {}  # group -> not tried before
+        self.unplannable: dict[tuple[int, ...], float] = {}  # group -> no plan tried till
         self._wake = -1.0
         self.solo_mbt: dict[str, float] = {}
         self.packed_mbt: dict[str, float] = {}
