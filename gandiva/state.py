@@ -409,29 +409,15 @@ class Cluster:
                 held = gpus
             ends.append((held, since, attained, suspends))
         for job in jobs:
-            if job.status is JobStatus.RUNNING:
-                for g in job.gpus:
-                    gpu = self.gpus[g]
-                    gpu.jobs.remove(job.id)
-                    if not gpu.jobs:
-                        self._give(gpu)
-                del self.running[job.id]
+            self._stop(job)  # (its attained service is set from the rounds below)
         for job, (held, since, attained, suspends) in zip(jobs, ends, strict=True):
-            job.attained, job.run_since, job.suspends, job.gpus = attained, since, suspends, held
             if held:
-                for g in held:
-                    gpu = self.gpus[g]
-                    if not gpu.jobs:
-                        self._take(gpu)
-                    gpu.jobs.append(job.id)
                 self.suspended.pop(job.id, None)
-                job.status = JobStatus.RUNNING
-                self.running[job.id] = None
+                self._start(job, held)
             else:
                 job.status = JobStatus.SUSPENDED
                 self.suspended[job.id] = None
-            if self.touched is not None:
-                self.touched.update(held)
+            job.attained, job.run_since, job.suspends = attained, since, suspends
 
     # ---- internals ----------------------------------------------------------------------
     @staticmethod
