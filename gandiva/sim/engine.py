@@ -29,6 +29,18 @@ FIRST_FEEDBACK_STEPS = 100
 _UNPLAN, _DONE, _FAIL, _ARRIVE, _PRIORITY, _PROFILE, _TICK = range(7)
 
 
+def _progress(rec: JobRecord, done: float, first_feedback: float | None, rate: float,
+              begin: float, now: float) -> tuple[float, float | None]:
+    """The job's mini-batches done and first feedback at ``now``, having run at ``rate`` since
+    ``begin`` from ``done``."""
+    if rate > 0.0 and now > begin:
+        before, done = done, min(rec.work, done + (now - begin) * rate)
+        mark = min(FIRST_FEEDBACK_STEPS * rec.spec.num_gpus, rec.work)
+        if first_feedback is None and before < mark <= done:
+            first_feedback = begin + (mark - before) / rate
+    return done, first_feedback
+
+
 @dataclass
 class SimConfig:
     seed: int = 0
@@ -270,16 +282,9 @@ class Simulator:
 
     # ---- job progress -------------------------------------------------------------------
     def _advance(self, rec: JobRecord) -> None:
-        now = self.now
-        if rec.rate > 0.0:
-            begin = max(rec.t_last, rec.stall_until)
-            if now > begin:
-                before = rec.done
-                rec.done = min(rec.work, before + (now - begin) * rec.rate)
-                mark = min(FIRST_FEEDBACK_STEPS * rec.spec.num_gpus, rec.work)
-                if rec.first_feedback is None and before < mark <= rec.done:
-                    rec.first_feedback = begin + (mark - before) / rec.rate
-        rec.t_last = now
+        rec.done, rec.first_feedback = _progress(rec, rec.done, rec.first_feedback, rec.rate,
+                                                 max(rec.t_last, rec.stall_until), self.now)
+        rec.t_last = self.now
 
     def _alone_rate(self, model: str, placement: tuple[int, ...]) -> float:
         """The job's rate on these GPUs with no job sharing them (remembered: a time-sliced
@@ -496,18 +501,13 @@ class Simulator:
         work, done, t_last, ff = rec.work, rec.done, rec.t_last, rec.first_feedback
         gpus, rate, stall_until, seg_start = rec.gpus, rec.rate, rec.stall_until, rec.seg_start
         held, stalled, last_servers = rec.held_s, rec.stall_s, rec.last_servers
-        mark = min(FIRST_FEEDBACK_STEPS * rec.spec.num_gpus, work)
         suspends = resumes = 0
         end = None
         for k in range(last + 1):
             t = rounds.start(k)
             new = rounds.gpus[k][i]
-            if k and new != gpus:
-                if rate > 0.0 and t > max(t_last, stall_until):  # progress up to the switch
-                    begin = max(t_last, stall_until)
-                    before, done = done, min(work, done + (t - begin) * rate)
-                    if ff is None and before < mark <= done:
-                        ff = begin + (mark - before) / rate
+            if k and new != gpus:  # progress up to the switch
+                done, ff = _progress(rec, done, ff, rate, max(t_last, stall_until), t)
                 t_last = t
                 if gpus:
                     held += t - seg_start
@@ -533,11 +533,7 @@ class Simulator:
                         break
         if not apply:
             return end
-        if rate > 0.0 and until > max(t_last, stall_until):
-            begin = max(t_last, stall_until)
-            before, done = done, min(work, done + (until - begin) * rate)
-            if ff is None and before < mark <= done:
-                ff = begin + (mark - before) / rate
+        done, ff = _progress(rec, done, ff, rate, max(t_last, stall_until), until)
         rec.done, rec.t_last, rec.first_feedback = done, until, ff
         rec.gpus, rec.rate, rec.stall_until, rec.seg_start = gpus, rate, stall_until, seg_start
         rec.held_s, rec.stall_s, rec.last_servers, rec.shared = held, stalled, last_servers, False

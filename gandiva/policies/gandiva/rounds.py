@@ -16,7 +16,7 @@ round in progress, exactly as if each round had been carried out, and the policy
 
 What stays event by event: groups where packing acts. Good pairs are packed again after
 every round that parted them, each time as a new trial, so on 8,000 Philly jobs (120x4) a
-trial or an untried pair kept ~85% of the groups' rounds from being planned.
+trial or an untried pair kept ~90% of the groups' rounds from being planned.
 """
 
 from __future__ import annotations
