@@ -92,6 +92,13 @@ def observe(p: Gandiva, cluster: Cluster, sample: E.ProfileSample) -> None:
         p.packed_mbt.pop(job.id, None)
 
 
+def may_pair(p: Gandiva, a: Job, b: Job, memory_gb: float) -> bool:
+    """May ``a`` and ``b`` share a GPU of ``memory_gb``: their memory fits, and they were not
+    found wanting together?"""
+    return ((a.memory_gb or 0) + (b.memory_gb or 0) <= memory_gb
+            and frozenset((a.id, b.id)) not in p.bad_pairs)
+
+
 def try_pack(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
     """Pack waiting 1-GPU jobs of ``server``, least-utilised first, each onto the GPU of the
     least-utilised running job that shares no GPU yet, while memory fits."""
@@ -107,10 +114,7 @@ def try_pack(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
     hosts.sort(key=lambda j: (j.utilization, j.seq))
     for guest in sorted(waiting, key=lambda j: (j.utilization, j.seq)):
         for host in hosts:
-            gpu = cluster.gpus[host.gpus[0]]
-            if frozenset((guest.id, host.id)) in p.bad_pairs:
-                continue
-            if (guest.memory_gb or 0) + (host.memory_gb or 0) > gpu.memory_gb:
+            if not may_pair(p, guest, host, cluster.gpus[host.gpus[0]].memory_gb):
                 continue
             yield A.Pack(guest.id, host.gpus)
             p.trials.start(guest.id, host.id)

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from gandiva import actions as A
-from gandiva.policies.gandiva import timeslice
+from gandiva.policies.gandiva import packing, timeslice
 from gandiva.policies.gandiva.migration import is_spread
 from gandiva.policies.gandiva.placement import gang_gpus
 from gandiva.policies.placement import pick
@@ -106,10 +106,8 @@ def quiet(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> bool:
             memory = max(cluster.gpus[g].memory_gb for g in cluster.nodes[s].gpus)
             ones = [jobs[j] for j in book.members[s] if jobs[j].num_gpus == 1]
             for i, a in enumerate(ones):
-                for b in ones[i + 1:]:
-                    if ((a.memory_gb or 0) + (b.memory_gb or 0) <= memory
-                            and frozenset((a.id, b.id)) not in p.bad_pairs):
-                        return False
+                if any(packing.may_pair(p, a, b, memory) for b in ones[i + 1:]):
+                    return False
     return True
 
 
