@@ -338,8 +338,20 @@ class Simulator:
                 begin = max(self.now, rec.stall_until)
                 rec.due = begin + (rec.work - rec.done) / rec.rate
                 self._queue_done(rec)
-                warmup = min(self.config.profile_after * len(rec.gpus) / rec.rate, 60.0)
-                self._push(begin + warmup, _PROFILE, (rec.spec.id, rec.version))
+                self._push(begin + self._warmup(rec), _PROFILE, (rec.spec.id, rec.version))
+
+    def _warmup(self, rec: JobRecord) -> float:
+        """Seconds from a (re)start's end to the job's profile report."""
+        return min(self.config.profile_after * len(rec.gpus) / rec.rate, 60.0)
+
+    def _resume_stall(self, model: str, last: frozenset[int], servers: frozenset[int]
+                      ) -> float:
+        """A suspended job's stall to resume on ``servers``, having last run on ``last``:
+        from host memory, or through a checkpoint when it changes servers."""
+        ckpt = self.perf.profile(model).checkpoint_mb
+        if last and servers != last:
+            return self.perf.migration_time(ckpt, True)
+        return self.perf.suspend_resume_time(ckpt)
 
     def _queue_done(self, rec: JobRecord) -> None:
         """Queue the job's planned completion unless an earlier one is queued already.
@@ -478,9 +490,9 @@ class Simulator:
             if r > 0:
                 rec.version += 1  # reports planned in round 0 are void, unless still due:
                 if rec.rate > 0:
-                    warmup = min(self.config.profile_after * len(rec.gpus) / rec.rate, 60.0)
-                    if rec.stall_until + warmup >= self.now:
-                        self._push(rec.stall_until + warmup, _PROFILE, (jid, rec.version))
+                    report = rec.stall_until + self._warmup(rec)
+                    if report >= self.now:
+                        self._push(report, _PROFILE, (jid, rec.version))
             if rec.rate > 0:
                 rec.due = max(self.now, rec.stall_until) + (rec.work - rec.done) / rec.rate
                 self._queue_done(rec)
@@ -516,11 +528,8 @@ class Simulator:
                     rate = 0.0
                 if new:
                     resumes += 1
-                    ckpt = self.perf.profile(rec.model).checkpoint_mb
                     servers = frozenset(self.cluster.gpus[g].node for g in new)
-                    across = bool(last_servers) and servers != last_servers
-                    stall_until = t + (self.perf.migration_time(ckpt, True) if across
-                                       else self.perf.suspend_resume_time(ckpt))
+                    stall_until = t + self._resume_stall(rec.model, last_servers, servers)
                     rate = self._alone_rate(rec.model, new)
                     seg_start, last_servers = t, servers
                 gpus = new
@@ -579,9 +588,7 @@ class Simulator:
             self._move(rec, new, cost)
         elif isinstance(action, A.Resume):
             self.counts["resumes"] += 1
-            cost = (self.perf.migration_time(ckpt, True) if across
-                    else self.perf.suspend_resume_time(ckpt))
-            self._move(rec, new, cost)
+            self._move(rec, new, self._resume_stall(rec.model, rec.last_servers, servers))
         elif isinstance(action, A.Migrate | A.Grow | A.Shrink):
             key = {A.Migrate: "migrations", A.Grow: "grows", A.Shrink: "shrinks"}[type(action)]
             self.counts[key] += 1
