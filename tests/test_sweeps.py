@@ -260,11 +260,12 @@ def test_a_jobs_reported_values_are_served_as_curves_and_followed_from_a_step(ho
         up.crash()
 
 
-def test_a_promotion_raises_priority_only_once_every_trial_has_been_judged_at_the_first_rung(
+def test_judged_trials_wait_below_the_untried_and_promotions_raise_priority_once_all_are_judged(
         home):
-    """Until every trial has had its first judgement, a promoted trial keeps the sweep's
-    priority: the trials not yet tried come first. (Trials that sleep; their values are
-    reported for them, in a chosen order.)"""
+    """Until every trial has had its first judgement, a trial judged at the first rung
+    (promoted or let through) waits one priority below the sweep's: the trials not yet tried
+    come first. Then promoted trials go up a priority per rung and the rest come back to the
+    sweep's. (Trials that sleep; their values are reported for them, in a chosen order.)"""
     path, auth = home
     (path / "base" / "users" / "ada" / "idle.py").write_text("import time\ntime.sleep(300)\n")
     up = Up(path)
@@ -272,7 +273,7 @@ def test_a_promotion_raises_priority_only_once_every_trial_has_been_judged_at_th
         c = up.client
         spec = {"name": "idle", "trials": 4, "seed": 0, "command": "python idle.py {lr}",
                 "space": {"lr": {"grid": [1, 2, 3, 4]}}, "metric": "loss", "mode": "min",
-                "stop": {"rule": "asha", "rungs": [10, 20], "reduction": 2}}
+                "priority": 5, "stop": {"rule": "asha", "rungs": [10, 20], "reduction": 2}}
         r = c.post("/v1/sweeps", json=spec, headers=auth)
         assert r.status_code == 201, r.text
         jobs = [t["job_id"] for t in r.json()["trials"]]
@@ -283,14 +284,18 @@ def test_a_promotion_raises_priority_only_once_every_trial_has_been_judged_at_th
         def priorities() -> list[int]:
             return [c.get(f"/v1/jobs/{j}", headers=auth).json()["priority"] for j in jobs]
 
-        report(0, 1.0)  # first at the rung: continued
-        report(1, 0.5)  # better than the one before: promoted...
-        report(2, 3.0)  # stopped
-        assert priorities()[1] == 0  # ...but trial 3 is not judged yet
-        assert "sweep-promoted" not in [e["kind"] for e in c.get(
-            f"/v1/jobs/{jobs[1]}/events", headers=auth).json()]
+        assert priorities() == [5, 5, 5, 5]
+        report(0, 1.0)  # first at the rung: continued, and waits
+        assert priorities() == [4, 5, 5, 5]
+        report(1, 0.5)  # better than the one before: promoted, but waits too
+        report(2, 3.0)  # stopped (it keeps the priority it had)
+        assert priorities() == [4, 4, 5, 5]
+        kinds = [e["kind"] for e in c.get(f"/v1/jobs/{jobs[1]}/events", headers=auth).json()]
+        assert "sweep-waits" in kinds and "sweep-promoted" not in kinds
         report(3, 0.7)  # promoted (top 2 of 4); now every trial has been judged
-        assert priorities() == [0, 1, 0, 1]
+        assert priorities() == [5, 6, 5, 6]
+        kinds = [e["kind"] for e in c.get(f"/v1/jobs/{jobs[0]}/events", headers=auth).json()]
+        assert kinds.index("sweep-waits") < kinds.index("sweep-resumes")
         decisions = [t["decision"] for t in
                      c.get(f"/v1/sweeps/{r.json()['id']}", headers=auth).json()["trials"]]
         assert decisions == ["continued", "promoted", "stopped", "promoted"]

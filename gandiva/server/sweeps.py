@@ -7,12 +7,16 @@ it before the trials at lower rungs, time-slicing only among equals); one let th
 of company goes on as it was ("continued"); a stopped one is cancelled, with the reason saying
 at which rung, with what value and rank. Its devices go to the next trial at once.
 
-Decision: a promotion raises a trial's priority only once every trial of its sweep has been
-judged at the first rung (or has ended). Until then the trials not yet tried come first:
-their first judgement costs a fraction of a second each, and a raised priority would let the
-first trials promoted, on the word of the few judged before them, take the devices from the
-rest (measured: the benchmark's best trial then waited behind a slow learner promoted
-"#1 of 4" early on). Under time-slicing every trial gets its first turn within a round.
+Decision: every trial is judged at the first rung before any trial runs on. While some trial
+has not reached it, a trial already judged there (promoted or let through) waits one priority
+below the sweep's, so a scheduler that preempts gives the devices to the untried trials first;
+once every trial has been judged (or has ended), priorities are as the rungs say. A first
+judgement costs a fraction of a second each; without this the first trials, let through for
+want of company, kept both devices for a whole quantum and more (measured with
+``benchmarks/sweep.py``, seed 2: the last of 16 trials got its first turn 32 s after the
+submission; the rung values of a few early trials promoted nothing surely). It also keeps the
+first trials promoted, on the word of the few judged before them, from taking the devices
+from the rest. A scheduler that never preempts (fifo) only orders its queue by it.
 
 Decisions are stored before they are carried out; after a restart ``load`` takes every sweep
 with a trial not yet finished up again and carries out again what a crash may have left
@@ -46,7 +50,7 @@ class Trial:
     rungs: dict[int, float] = field(default_factory=dict)  # rung -> its value there
     decision: str = "running"  # running, promoted, continued, stopped
     ended: bool = False
-    raised_to: int | None = None  # the priority its promotion gave it, once carried out
+    set_to: int | None = None  # the priority the sweep gave it last (None: the sweep's own)
     why: str = ""  # the reason of its latest promotion
     points: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=POINTS_KEPT))
 
@@ -95,8 +99,8 @@ class Sweeps:
                 continue
             if trial.decision == "promoted":
                 trial.why = f"sweep {sweep.id} (decided before a restart)"
-                if job.priority == self._priority(trial):
-                    trial.raised_to = job.priority
+            if job.priority != sweep.spec.priority:
+                trial.set_to = job.priority
             with self._lock:
                 self.by_job[trial.job_id] = trial
             if trial.decision == "stopped":
@@ -148,21 +152,35 @@ class Sweeps:
             trial.ended = True
             self._raise(trial.sweep)
 
-    def _priority(self, trial: Trial) -> int:
-        return trial.sweep.spec.priority + len(trial.rungs)
+    def _priority(self, trial: Trial, untried: bool) -> int:
+        """The priority the sweep's rules give ``trial`` now."""
+        base = trial.sweep.spec.priority
+        if untried and trial.rungs:
+            return base - 1  # judged once: waits for the trials not yet judged
+        return base + len(trial.rungs) if trial.decision == "promoted" else base
 
     def _raise(self, sweep: Sweep) -> None:
-        """Carry out the sweep's promotions, once no trial waits for its first judgement."""
-        if sweep.untried():
-            return
+        """Carry out the priorities the sweep's rules give its trials now."""
+        untried = sweep.untried()
         for trial in sweep.trials:
-            priority = self._priority(trial)
-            if trial.decision == "promoted" and not trial.ended and trial.raised_to != priority:
-                trial.raised_to = priority
-                self.service.store.record(trial.job_id, "sweep-promoted",
-                                          {"why": trial.why, "to": priority}, priority=priority)
-                self.service.backend.set_priority(trial.job_id, priority)
-                log.info("promoted %s: %s", trial.job_id, trial.why)
+            priority = self._priority(trial, untried)
+            now = sweep.spec.priority if trial.set_to is None else trial.set_to
+            if trial.ended or now == priority:
+                continue
+            trial.set_to = priority
+            if priority < sweep.spec.priority:
+                kind, why = "sweep-waits", (f"sweep {sweep.id}: judged at rung "
+                                            f"{sweep.spec.stop.rungs[0]}; waits until every "
+                                            "trial has been")
+            elif priority > sweep.spec.priority:
+                kind, why = "sweep-promoted", trial.why
+            else:
+                kind, why = "sweep-resumes", (f"sweep {sweep.id}: every trial has been judged "
+                                              f"at rung {sweep.spec.stop.rungs[0]}")
+            self.service.store.record(trial.job_id, kind, {"why": why, "to": priority},
+                                      priority=priority)
+            self.service.backend.set_priority(trial.job_id, priority)
+            log.info("%s %s: %s", kind, trial.job_id, why)
 
     def _stop(self, trial: Trial, why: str) -> None:
         self.service.store.record(trial.job_id, "sweep-stopped", {"why": why})

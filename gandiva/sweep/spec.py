@@ -57,7 +57,8 @@ DEFAULT_RUNGS = [100, 300, 900, 2700]
 class Stop(BaseModel):
     model_config = ConfigDict(extra="forbid")
     rule: Literal["asha", "median", "none"] = "asha"
-    rungs: list[int] = Field(default_factory=list, description="mini-batches, ascending")
+    rungs: list[int] = Field(default_factory=list, max_length=10,
+                             description="mini-batches, ascending")
     reduction: int = Field(default=3, ge=2, description="asha: keep the top 1/reduction")
     min_trials: int = Field(default=3, ge=1, description="median: others needed to compare")
 
@@ -78,7 +79,8 @@ class SweepSpec(BaseModel):
     workdir: str = "."
     env: dict[str, str] = Field(default_factory=dict)
     gpus: int = Field(default=1, ge=1, le=1024)
-    priority: int = Field(default=0, ge=-100, le=90)  # promoted trials go up to +10
+    # promoted trials go up to +10; judged ones wait at -1 for the untried (server/sweeps.py)
+    priority: int = Field(default=0, ge=-99, le=90)
     model: str = "unknown"
     time_limit: float | str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
