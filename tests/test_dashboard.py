@@ -190,8 +190,8 @@ def test_the_job_table_shows_the_newest_page_and_older_ones_on_demand(server, jo
 
 
 @pytest.mark.parametrize("server", ["gandiva:quantum=2"], indirect=True)
-def test_a_sweeps_learning_curves_grey_its_stopped_trials_and_a_trial_opens_its_own(server,
-                                                                                    page):
+def test_a_sweeps_learning_curves_grey_its_paused_trials_and_a_trial_opens_its_own(server,
+                                                                                   page):
     shutil.copy(CNN, server.home / "users" / "alice" / "cnn.py")
     with server.client() as http:
         sweep = http.post("/v1/sweeps", json={
@@ -203,11 +203,13 @@ def test_a_sweeps_learning_curves_grey_its_stopped_trials_and_a_trial_opens_its_
     expect(page.locator("#sweep-select")).to_have_value(sweep["id"])
     lines = page.locator("#sweep-curves svg path[data-trial]")
     expect(lines).to_have_count(4)
-    stopped = page.locator('#sweep-curves path[data-decision="stopped"]')
-    expect(stopped.first).to_have_class(re.compile(r"\bstopped\b"))
-    expect(stopped.first).to_have_attribute("d", re.compile(r"^M[\d.]+,[\d.]+L"))
-    expect(page.locator("#sweep-summary")).to_contain_text(re.compile(r"[1-9] stopped"))
-    running = page.locator('#sweep-curves path[data-trial]:not([data-decision="stopped"])').first
+    out = page.locator('#sweep-curves path[data-decision="paused"], '
+                       '#sweep-curves path[data-decision="stopped"]')
+    expect(out.first).to_have_class(re.compile(r"\bstopped\b"))  # grey
+    expect(out.first).to_have_attribute("d", re.compile(r"^M[\d.]+,[\d.]+L"))
+    expect(page.locator("#sweep-summary")).to_contain_text(
+        re.compile(r"[1-9] paused or stopped"))
+    running = page.locator('#sweep-curves path[data-trial]:not(.stopped)').first
     job = running.get_attribute("data-job")
     running.dispatch_event("click")
     expect(page.locator("#detail-title")).to_contain_text(job)

@@ -260,12 +260,12 @@ def test_a_jobs_reported_values_are_served_as_curves_and_followed_from_a_step(ho
         up.crash()
 
 
-def test_judged_trials_wait_below_the_untried_and_promotions_raise_priority_once_all_are_judged(
+def test_unsure_trials_wait_below_the_untried_and_promotions_raise_priority_once_all_are_judged(
         home):
-    """Until every trial has had its first judgement, a trial judged at the first rung
-    (promoted or let through) waits one priority below the sweep's: the trials not yet tried
-    come first. Then promoted trials go up a priority per rung and the rest come back to the
-    sweep's. (Trials that sleep; their values are reported for them, in a chosen order.)"""
+    """Until every trial has had its first judgement, a trial let through at the first rung
+    for want of company waits one priority below the sweep's (the trials not yet tried come
+    first) and a promoted one keeps the sweep's. Then promoted trials go up a priority per rung
+    and the rest come back to the sweep's. (Trials that sleep; their values are reported for them, in a chosen order.)"""
     path, auth = home
     (path / "base" / "users" / "ada" / "idle.py").write_text("import time\ntime.sleep(300)\n")
     up = Up(path)
@@ -287,18 +287,65 @@ def test_judged_trials_wait_below_the_untried_and_promotions_raise_priority_once
         assert priorities() == [5, 5, 5, 5]
         report(0, 1.0)  # first at the rung: continued, and waits
         assert priorities() == [4, 5, 5, 5]
-        report(1, 0.5)  # better than the one before: promoted, but waits too
-        report(2, 3.0)  # stopped (it keeps the priority it had)
-        assert priorities() == [4, 4, 5, 5]
+        report(1, 0.5)  # better than the one before: promoted, not raised yet
+        report(2, 3.0)  # paused (held), and waits too
+        assert priorities() == [4, 5, 4, 5]
         kinds = [e["kind"] for e in c.get(f"/v1/jobs/{jobs[1]}/events", headers=auth).json()]
-        assert "sweep-waits" in kinds and "sweep-promoted" not in kinds
+        assert "sweep-waits" not in kinds and "sweep-promoted" not in kinds
         report(3, 0.7)  # promoted (top 2 of 4); now every trial has been judged
         assert priorities() == [5, 6, 5, 6]
         kinds = [e["kind"] for e in c.get(f"/v1/jobs/{jobs[0]}/events", headers=auth).json()]
         assert kinds.index("sweep-waits") < kinds.index("sweep-resumes")
         decisions = [t["decision"] for t in
                      c.get(f"/v1/sweeps/{r.json()['id']}", headers=auth).json()["trials"]]
-        assert decisions == ["continued", "promoted", "stopped", "promoted"]
+        assert decisions == ["continued", "promoted", "paused", "promoted"]
+    finally:
+        up.crash()
+
+
+def test_a_trial_not_in_the_top_is_paused_promoted_when_later_values_put_it_there_and_stopped_at_the_end(
+        home):
+    """ASHA pauses, it does not stop at once: a trial outranked by the few values its rung had
+    is held (its device freed), goes on when later values put it in the top, and is stopped
+    only once nothing of its sweep runs or waits to run. (Trials that sleep; their values are
+    reported for them, in a chosen order.)"""
+    path, auth = home
+    (path / "base" / "users" / "ada" / "idle.py").write_text("import time\ntime.sleep(300)\n")
+    up = Up(path)
+    try:
+        c = up.client
+        spec = {"name": "idle", "trials": 4, "seed": 0, "command": "python idle.py {lr}",
+                "space": {"lr": {"grid": [1, 2, 3, 4]}}, "metric": "loss", "mode": "min",
+                "stop": {"rule": "asha", "rungs": [10, 20], "reduction": 2}}
+        r = c.post("/v1/sweeps", json=spec, headers=auth)
+        sweep, jobs = r.json()["id"], [t["job_id"] for t in r.json()["trials"]]
+
+        def report(trial: int, loss: float) -> None:
+            up.backend.on_points(up.backend.records[jobs[trial]], {"loss": [[10, loss]]})
+
+        def trials() -> list[dict]:
+            return c.get(f"/v1/sweeps/{sweep}", headers=auth).json()["trials"]
+
+        def state(trial: int) -> str:
+            return c.get(f"/v1/jobs/{jobs[trial]}", headers=auth).json()["state"]
+
+        report(0, 1.0)  # alone at the rung: continued
+        report(1, 2.0)  # #2 of 2, the top 1 goes on: paused
+        assert [t["decision"] for t in trials()][:2] == ["continued", "paused"]
+        wait(lambda: state(1), lambda s: s == "held")  # its device is free
+        report(2, 3.0)  # #3 of 3: paused
+        report(3, 4.0)  # #4 of 4: paused; and now the top 2 of 4 includes trial 1
+        assert [t["decision"] for t in trials()] == ["continued", "promoted", "paused", "paused"]
+        wait(lambda: state(1), lambda s: s in ("queued", "running"))  # back from its hold
+        assert "sweep-unpaused" in [e["kind"] for e in c.get(
+            f"/v1/jobs/{jobs[1]}/events", headers=auth).json()]
+        assert state(2) != "cancelled"  # not while trials 0 and 1 may still put it on
+        for j in jobs[:2]:
+            assert c.post(f"/v1/jobs/{j}/cancel", headers=auth).status_code == 200
+        done = wait(trials, lambda ts: all(t["state"] in TERMINAL for t in ts))
+        assert [t["decision"] for t in done][2:] == ["stopped", "stopped"]
+        assert done[2]["state"] == "cancelled"
+        assert "rung 10: loss 3, #3 of 4 (not in the top 2 of 4)" in done[2]["reason"]
     finally:
         up.crash()
 
@@ -335,7 +382,7 @@ def test_a_sweep_stops_trials_at_its_rungs_promotes_the_rest_and_names_the_best(
         best = Path(sweep["best"]["checkpoint"])
         assert best.exists() and checkpoint.steps(best.parent)[0] == 2000
         assert all(t["decision"] == "stopped" or t["state"] == "done"
-                   for t in sweep["trials"])
+                   for t in sweep["trials"])  # paused trials are stopped at the end
         bob = {"Authorization": f"Bearer {up.store.add_user('bob')}"}  # another user's sweep
         assert c.get(f"/v1/sweeps/{sweep['id']}", headers=bob).status_code == 404
         assert c.get("/v1/sweeps", headers=bob).json() == []

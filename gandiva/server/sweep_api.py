@@ -37,7 +37,8 @@ class TrialView(BaseModel):
     params: dict[str, Any]
     rungs: dict[str, float]  # rung (mini-batches) -> the trial's value there
     decision: str  # running; past its last rung: promoted, continued (let through for want
-    # of others to compare with), or stopped
+    # of others to compare with), paused (held; promoted if later values put it in the top),
+    # or stopped
     step: int | None  # of the latest value of the sweep's metric
     value: float | None
     checkpoint: str | None = None  # (the best trial's) its newest checkpoint, on the server

@@ -559,29 +559,30 @@ async function refreshSweeps() {
 
 function renderSweep(sweep, series) {
   const container = $("#sweep-curves");
-  const stopped = sweep.trials.filter((t) => t.decision === "stopped").length;
+  const out = (t) => t.decision === "stopped" || t.decision === "paused";
+  const stopped = sweep.trials.filter(out).length;
   const done = sweep.trials.filter((t) => t.state === "done").length;
   $("#sweep-summary").textContent = `${sweep.metric} (${sweep.mode}), ${sweep.rule} at rungs `
-    + `${sweep.rungs.join(", ") || "none"} · ${sweep.trials.length} trials, ${stopped} stopped, `
+    + `${sweep.rungs.join(", ") || "none"} · ${sweep.trials.length} trials, ${stopped} paused or stopped, `
     + `${done} done${sweep.best ? ` · best: trial ${sweep.best.trial}, `
     + `${sweep.best.value.toPrecision(4)}` : ""}`;
   const lines = sweep.trials.map((t, i) => {
     const rungs = Object.keys(t.rungs).length;
-    const cls = t.decision === "stopped" ? "stopped" : `rung${Math.min(rungs, 3)}`;
+    const cls = out(t) ? "stopped" : `rung${Math.min(rungs, 3)}`;
     const best = sweep.best && sweep.best.trial === t.trial;
     return {
       points: series[i][sweep.metric] ?? [],
       attrs: { class: `curve ${cls}${best ? " best" : ""}`, "data-trial": t.trial,
         "data-job": t.job_id, "data-decision": t.decision, "data-state": t.state,
-        style: t.decision === "stopped" ? null : `stroke: var(--rung${Math.min(rungs, 3)})` },
+        style: out(t) ? null : `stroke: var(--rung${Math.min(rungs, 3)})` },
       title: `trial ${t.trial} (${t.state}, ${t.decision}): ${JSON.stringify(t.params)}`,
     };
-  }).sort((a, b) => (a.attrs["data-decision"] === "stopped" ? -1 : 0)
-    - (b.attrs["data-decision"] === "stopped" ? -1 : 0)); // stopped trials drawn underneath
+  }).sort((a, b) => (a.attrs.class.includes("stopped") ? -1 : 0)
+    - (b.attrs.class.includes("stopped") ? -1 : 0)); // paused, stopped: drawn underneath
   const legend = el("p", { class: "legend small" },
     ...["rung0", "rung1", "rung2", "rung3"].flatMap((k, i) => [el("span", { class: `key ${k}` }),
       i === 0 ? "no rung passed " : `${i}${i === 3 ? "+" : ""} passed `]),
-    el("span", { class: "key stopped" }), "stopped by the sweep");
+    el("span", { class: "key stopped" }), "paused or stopped by the sweep");
   container.replaceChildren(curveChart(lines, sweep.metric, container), legend);
 }
 
