@@ -264,8 +264,9 @@ def test_unsure_trials_wait_below_the_untried_and_promotions_raise_priority_once
         home):
     """Until every trial has had its first judgement, a trial let through at the first rung
     for want of company waits one priority below the sweep's (the trials not yet tried come
-    first) and a promoted one keeps the sweep's. Then promoted trials go up a priority per rung
-    and the rest come back to the sweep's. (Trials that sleep; their values are reported for them, in a chosen order.)"""
+    first) and a promoted one keeps the sweep's. Then promoted trials go up a priority per
+    rung and the rest come back to the sweep's. (Trials that sleep; their values are reported
+    for them, in a chosen order.)"""
     path, auth = home
     (path / "base" / "users" / "ada" / "idle.py").write_text("import time\ntime.sleep(300)\n")
     up = Up(path)
@@ -288,8 +289,8 @@ def test_unsure_trials_wait_below_the_untried_and_promotions_raise_priority_once
         report(0, 1.0)  # first at the rung: continued, and waits
         assert priorities() == [4, 5, 5, 5]
         report(1, 0.5)  # better than the one before: promoted, not raised yet
-        report(2, 3.0)  # paused (held), and waits too
-        assert priorities() == [4, 5, 4, 5]
+        report(2, 3.0)  # paused: held, it keeps its priority
+        assert priorities() == [4, 5, 5, 5]
         kinds = [e["kind"] for e in c.get(f"/v1/jobs/{jobs[1]}/events", headers=auth).json()]
         assert "sweep-waits" not in kinds and "sweep-promoted" not in kinds
         report(3, 0.7)  # promoted (top 2 of 4); now every trial has been judged
@@ -303,7 +304,7 @@ def test_unsure_trials_wait_below_the_untried_and_promotions_raise_priority_once
         up.crash()
 
 
-def test_a_trial_not_in_the_top_is_paused_promoted_when_later_values_put_it_there_and_stopped_at_the_end(
+def test_an_outranked_trial_is_paused_promoted_when_later_values_put_it_on_top_then_stopped(
         home):
     """ASHA pauses, it does not stop at once: a trial outranked by the few values its rung had
     is held (its device freed), goes on when later values put it in the top, and is stopped

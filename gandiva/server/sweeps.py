@@ -229,33 +229,34 @@ class Sweeps:
                 self._store(trial)
                 self._stop(trial, self._rejudge(trial)[1])
 
-    def _priority(self, trial: Trial, untried: bool) -> int:
-        """The priority the sweep's rules give ``trial`` now."""
-        base = trial.sweep.spec.priority
+    def _priority(self, trial: Trial, untried: bool) -> tuple[int, str, str]:
+        """The priority the sweep's rules give ``trial`` now, the event that says so, and
+        why."""
+        sweep = trial.sweep
+        base, first = sweep.spec.priority, sweep.spec.stop.rungs[:1]
         if not untried:
-            return base + len(trial.rungs) if trial.decision == "promoted" else base
-        if trial.rungs and trial.decision != "promoted":
-            return base - 1  # let through for want of company: waits for the untried
-        return base
+            if trial.decision == "promoted":
+                return base + len(trial.rungs), "sweep-promoted", trial.why
+            return base, "sweep-resumes", (f"sweep {sweep.id}: every trial has been judged "
+                                           f"at rung {first[0]}")
+        if trial.rungs and trial.decision == "continued":
+            return base - 1, "sweep-waits", (
+                f"sweep {sweep.id}: let through at rung {max(trial.rungs)} for want of "
+                f"company; waits until every trial has been judged at rung {first[0]}")
+        return base, "sweep-resumes", (f"{trial.why}; takes turns beside the trials not yet "
+                                       "judged")
 
     def _raise(self, sweep: Sweep) -> None:
-        """Carry out the priorities the sweep's rules give its trials now."""
+        """Carry out the priorities the sweep's rules give its trials now (a paused trial
+        keeps its own: it is held)."""
         untried = sweep.untried()
         for trial in sweep.trials:
-            priority = self._priority(trial, untried)
-            now = sweep.spec.priority if trial.set_to is None else trial.set_to
-            if trial.ended or now == priority:
+            if trial.ended or trial.decision == "paused":
+                continue
+            priority, kind, why = self._priority(trial, untried)
+            if priority == (sweep.spec.priority if trial.set_to is None else trial.set_to):
                 continue
             trial.set_to = priority
-            if priority < sweep.spec.priority:
-                kind, why = "sweep-waits", (f"sweep {sweep.id}: judged at rung "
-                                            f"{sweep.spec.stop.rungs[0]}; waits until every "
-                                            "trial has been")
-            elif priority > sweep.spec.priority:
-                kind, why = "sweep-promoted", trial.why
-            else:
-                kind, why = "sweep-resumes", (f"sweep {sweep.id}: every trial has been judged "
-                                              f"at rung {sweep.spec.stop.rungs[0]}")
             self.service.store.record(trial.job_id, kind, {"why": why, "to": priority},
                                       priority=priority)
             self.service.backend.set_priority(trial.job_id, priority)
