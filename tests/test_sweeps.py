@@ -291,15 +291,21 @@ def test_unsure_trials_wait_below_the_untried_and_promotions_raise_priority_once
         report(1, 0.5)  # better than the one before: promoted, not raised yet
         report(2, 3.0)  # paused: held, it keeps its priority
         assert priorities() == [4, 5, 5, 5]
+        # alone at the second rung, trial 1 is let through for want of company, but the
+        # first rung's values put it on top: it does not wait
+        up.backend.on_points(up.backend.records[jobs[1]], {"loss": [[20, 0.4]]})
+        assert [t["decision"] for t in c.get(f"/v1/sweeps/{r.json()['id']}", headers=auth)
+                .json()["trials"]][:2] == ["continued", "continued"]
+        assert priorities() == [4, 5, 5, 5]
         kinds = [e["kind"] for e in c.get(f"/v1/jobs/{jobs[1]}/events", headers=auth).json()]
         assert "sweep-waits" not in kinds and "sweep-promoted" not in kinds
         report(3, 0.7)  # promoted (top 2 of 4); now every trial has been judged
-        assert priorities() == [5, 6, 5, 6]
+        assert priorities() == [5, 5, 5, 6]
         kinds = [e["kind"] for e in c.get(f"/v1/jobs/{jobs[0]}/events", headers=auth).json()]
         assert kinds.index("sweep-waits") < kinds.index("sweep-resumes")
         decisions = [t["decision"] for t in
                      c.get(f"/v1/sweeps/{r.json()['id']}", headers=auth).json()["trials"]]
-        assert decisions == ["continued", "promoted", "paused", "promoted"]
+        assert decisions == ["continued", "continued", "paused", "promoted"]
     finally:
         up.crash()
 

@@ -16,12 +16,15 @@ rung had so far, lost good trials to early company: with 16 trials of ``benchmar
 stopped ("#2 of 2"); 15 of 16 were stopped, and the one left was not the best FIFO found.
 
 Decision: every trial is judged at the first rung before a trial let through only for want
-of company runs on. While some trial has not reached the first rung, such a trial (among the
-first to reach a rung) waits one priority below the sweep's, so a scheduler that preempts gives
-its device to the untried trials; a trial surely promoted keeps the sweep's priority and takes
-its turns beside them. Once every trial has been judged (or has ended), priorities are as the
-rungs say. A first judgement costs a fraction of a second each; without this the first
-trials, let through unjudged, kept both devices for a whole quantum and more (measured with
+of company runs on. While some trial has not reached the first rung, a trial let through at
+its latest rung waits one priority below the sweep's, unless the values at the first rung now
+put it in the top there against enough others, so a scheduler that preempts gives its device
+to the untried trials; a trial in the top keeps the sweep's priority and takes its turns
+beside them (the best of the first trials, let through alone at the second rung, went on
+waiting while the benchmark's 13 others were judged). Once every trial has been judged (or
+has ended), priorities are as the rungs say. A first judgement costs a fraction of a second
+each; without this the first trials, let through unjudged, kept both devices for a whole
+quantum and more (measured with
 ``benchmarks/sweep.py``, seed 2: the last of 16 trials got its first turn 32 s after the
 submission, against 3.6 s with every judged trial waiting). A promotion raises priority only
 once every trial has been judged: the first trials promoted, on the word of the few judged
@@ -239,12 +242,22 @@ class Sweeps:
                 return base + len(trial.rungs), "sweep-promoted", trial.why
             return base, "sweep-resumes", (f"sweep {sweep.id}: every trial has been judged "
                                            f"at rung {first[0]}")
-        if trial.rungs and trial.decision == "continued":
+        if trial.decision == "continued" and not self._on_top(trial, first[0]):
             return base - 1, "sweep-waits", (
                 f"sweep {sweep.id}: let through at rung {max(trial.rungs)} for want of "
                 f"company; waits until every trial has been judged at rung {first[0]}")
         return base, "sweep-resumes", (f"{trial.why}; takes turns beside the trials not yet "
                                        "judged")
+
+    def _on_top(self, trial: Trial, first: int) -> bool:
+        """Is ``trial`` in the rule's top at the first rung, judged against enough of the
+        values there now?"""
+        sweep = trial.sweep
+        stop = sweep.spec.stop
+        verdict = judge(stop.rule, trial.rungs[first], sweep.at(first, trial),
+                        minimize=sweep.spec.mode == "min", reduction=stop.reduction,
+                        min_trials=stop.min_trials)
+        return verdict.go_on and verdict.sure
 
     def _raise(self, sweep: Sweep) -> None:
         """Carry out the priorities the sweep's rules give its trials now (a paused trial
