@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gandiva.spec import TERMINAL
-from gandiva.sweep.rules import judge, value_at
+from gandiva.sweep.rules import Verdict, judge, value_at
 from gandiva.sweep.spec import SweepSpec
 
 if TYPE_CHECKING:
@@ -87,6 +87,15 @@ class Sweep:
     def active(self) -> bool:
         """Does a trial still run or wait to run (not ended, not paused)?"""
         return any(not t.ended and t.decision != "paused" for t in self.trials)
+
+    def verdict(self, trial: Trial, rung: int) -> tuple[Verdict, str]:
+        """The rule on ``trial``'s value at ``rung`` against every other value there now, and
+        the reason in words."""
+        stop, value = self.spec.stop, trial.rungs[rung]
+        verdict = judge(stop.rule, value, self.at(rung, trial), minimize=self.spec.mode == "min",
+                        reduction=stop.reduction, min_trials=stop.min_trials)
+        return verdict, (f"sweep {self.id}, rung {rung}: {self.spec.metric} {value:.4g}, "
+                         f"#{verdict.rank} of {verdict.of} ({verdict.why})")
 
 
 class Sweeps:
@@ -149,12 +158,8 @@ class Sweeps:
             if value is None:
                 break
             judged = True
-            verdict = judge(stop.rule, value, trial.sweep.at(rung, trial),
-                            minimize=spec.mode == "min", reduction=stop.reduction,
-                            min_trials=stop.min_trials)
             trial.rungs[rung] = value
-            why = (f"sweep {trial.sweep.id}, rung {rung}: {spec.metric} {value:.4g}, "
-                   f"#{verdict.rank} of {verdict.of} ({verdict.why})")
+            verdict, why = trial.sweep.verdict(trial, rung)
             trial.decision = ("paused" if not verdict.go_on
                               else "promoted" if verdict.sure else "continued")
             self._store(trial)
@@ -193,26 +198,14 @@ class Sweeps:
                                      {str(r): v for r, v in trial.rungs.items()},
                                      trial.decision)
 
-    def _rejudge(self, trial: Trial) -> tuple[bool, str]:
-        """A paused trial judged again at its last rung, against every value there now:
-        whether it goes on, and why."""
-        sweep, rung = trial.sweep, max(trial.rungs)
-        stop = sweep.spec.stop
-        verdict = judge(stop.rule, trial.rungs[rung], sweep.at(rung, trial),
-                        minimize=sweep.spec.mode == "min", reduction=stop.reduction,
-                        min_trials=stop.min_trials)
-        return verdict.go_on, (f"sweep {sweep.id}, rung {rung}: {sweep.spec.metric} "
-                               f"{trial.rungs[rung]:.4g}, #{verdict.rank} of {verdict.of} "
-                               f"({verdict.why})")
-
     def _revisit(self, sweep: Sweep, rung: int) -> None:
         """A value came in at ``rung``: promote the trials paused there that are now in the
         rule's top (ASHA's promotion of a paused configuration)."""
         for trial in sweep.trials:
             if trial.decision != "paused" or trial.ended or max(trial.rungs) != rung:
                 continue
-            go_on, why = self._rejudge(trial)
-            if not go_on:
+            verdict, why = sweep.verdict(trial, rung)
+            if not verdict.go_on:
                 continue
             trial.decision = "promoted"
             trial.why = f"{why}, after a pause"
@@ -230,7 +223,7 @@ class Sweeps:
             if trial.decision == "paused" and not trial.ended:
                 trial.decision = "stopped"
                 self._store(trial)
-                self._stop(trial, self._rejudge(trial)[1])
+                self._stop(trial, sweep.verdict(trial, max(trial.rungs))[1])
 
     def _priority(self, trial: Trial, untried: bool) -> tuple[int, str, str]:
         """The priority the sweep's rules give ``trial`` now, the event that says so, and
@@ -252,16 +245,14 @@ class Sweeps:
     def _on_top(self, trial: Trial, first: int) -> bool:
         """Is ``trial`` in the rule's top at the first rung, judged against enough of the
         values there now?"""
-        sweep = trial.sweep
-        stop = sweep.spec.stop
-        verdict = judge(stop.rule, trial.rungs[first], sweep.at(first, trial),
-                        minimize=sweep.spec.mode == "min", reduction=stop.reduction,
-                        min_trials=stop.min_trials)
+        verdict = trial.sweep.verdict(trial, first)[0]
         return verdict.go_on and verdict.sure
 
     def _raise(self, sweep: Sweep) -> None:
         """Carry out the priorities the sweep's rules give its trials now (a paused trial
-        keeps its own: it is held)."""
+        keeps its own: it is held; with no rule, nothing changes)."""
+        if sweep.spec.stop.rule == "none":
+            return
         untried = sweep.untried()
         for trial in sweep.trials:
             if trial.ended or trial.decision == "paused":
