@@ -260,101 +260,98 @@ def test_a_jobs_reported_values_are_served_as_curves_and_followed_from_a_step(ho
         up.crash()
 
 
+class Sleeping:
+    """A sweep of four trials that sleep, on a server's parts (``Up``); ``report`` gives a
+    trial's value at a step for it, so a test chooses the order in which values come in."""
+
+    def __init__(self, home, **spec) -> None:
+        path, self.auth = home
+        (path / "base" / "users" / "ada" / "idle.py").write_text(
+            "import time\ntime.sleep(300)\n")
+        self.up = Up(path)
+        self.c = self.up.client
+        r = self.c.post("/v1/sweeps", headers=self.auth, json={
+            "name": "idle", "trials": 4, "seed": 0, "command": "python idle.py {lr}",
+            "space": {"lr": {"grid": [1, 2, 3, 4]}}, "metric": "loss", "mode": "min",
+            "stop": {"rule": "asha", "rungs": [10, 20], "reduction": 2}, **spec})
+        assert r.status_code == 201, r.text
+        self.id, self.jobs = r.json()["id"], [t["job_id"] for t in r.json()["trials"]]
+
+    def report(self, trial: int, loss: float, step: int = 10) -> None:
+        self.up.backend.on_points(self.up.backend.records[self.jobs[trial]],
+                                  {"loss": [[step, loss]]})
+
+    def get(self, path: str):
+        return self.c.get(path, headers=self.auth).json()
+
+    def trials(self) -> list[dict]:
+        return self.get(f"/v1/sweeps/{self.id}")["trials"]
+
+    def kinds(self, trial: int) -> list[str]:
+        return [e["kind"] for e in self.get(f"/v1/jobs/{self.jobs[trial]}/events")]
+
+
 def test_unsure_trials_wait_below_the_untried_and_promotions_raise_priority_once_all_are_judged(
         home):
     """Until every trial has had its first judgement, a trial let through at the first rung
     for want of company waits one priority below the sweep's (the trials not yet tried come
     first) and a promoted one keeps the sweep's. Then promoted trials go up a priority per
-    rung and the rest come back to the sweep's. (Trials that sleep; their values are reported
-    for them, in a chosen order.)"""
-    path, auth = home
-    (path / "base" / "users" / "ada" / "idle.py").write_text("import time\ntime.sleep(300)\n")
-    up = Up(path)
+    rung and the rest come back to the sweep's."""
+    s = Sleeping(home, priority=5)
     try:
-        c = up.client
-        spec = {"name": "idle", "trials": 4, "seed": 0, "command": "python idle.py {lr}",
-                "space": {"lr": {"grid": [1, 2, 3, 4]}}, "metric": "loss", "mode": "min",
-                "priority": 5, "stop": {"rule": "asha", "rungs": [10, 20], "reduction": 2}}
-        r = c.post("/v1/sweeps", json=spec, headers=auth)
-        assert r.status_code == 201, r.text
-        jobs = [t["job_id"] for t in r.json()["trials"]]
-
-        def report(trial: int, loss: float) -> None:
-            up.backend.on_points(up.backend.records[jobs[trial]], {"loss": [[10, loss]]})
-
         def priorities() -> list[int]:
-            return [c.get(f"/v1/jobs/{j}", headers=auth).json()["priority"] for j in jobs]
+            return [s.get(f"/v1/jobs/{j}")["priority"] for j in s.jobs]
 
         assert priorities() == [5, 5, 5, 5]
-        report(0, 1.0)  # first at the rung: continued, and waits
+        s.report(0, 1.0)  # first at the rung: continued, and waits
         assert priorities() == [4, 5, 5, 5]
-        report(1, 0.5)  # better than the one before: promoted, not raised yet
-        report(2, 3.0)  # paused: held, it keeps its priority
+        s.report(1, 0.5)  # better than the one before: promoted, not raised yet
+        s.report(2, 3.0)  # paused: held, it keeps its priority
         assert priorities() == [4, 5, 5, 5]
         # alone at the second rung, trial 1 is let through for want of company, but the
         # first rung's values put it on top: it does not wait
-        up.backend.on_points(up.backend.records[jobs[1]], {"loss": [[20, 0.4]]})
-        assert [t["decision"] for t in c.get(f"/v1/sweeps/{r.json()['id']}", headers=auth)
-                .json()["trials"]][:2] == ["continued", "continued"]
+        s.report(1, 0.4, step=20)
+        assert [t["decision"] for t in s.trials()][:2] == ["continued", "continued"]
         assert priorities() == [4, 5, 5, 5]
-        kinds = [e["kind"] for e in c.get(f"/v1/jobs/{jobs[1]}/events", headers=auth).json()]
-        assert "sweep-waits" not in kinds and "sweep-promoted" not in kinds
-        report(3, 0.7)  # promoted (top 2 of 4); now every trial has been judged
+        assert "sweep-waits" not in s.kinds(1) and "sweep-promoted" not in s.kinds(1)
+        s.report(3, 0.7)  # promoted (top 2 of 4); now every trial has been judged
         assert priorities() == [5, 5, 5, 6]
-        kinds = [e["kind"] for e in c.get(f"/v1/jobs/{jobs[0]}/events", headers=auth).json()]
-        assert kinds.index("sweep-waits") < kinds.index("sweep-resumes")
-        decisions = [t["decision"] for t in
-                     c.get(f"/v1/sweeps/{r.json()['id']}", headers=auth).json()["trials"]]
-        assert decisions == ["continued", "continued", "paused", "promoted"]
+        assert s.kinds(0).index("sweep-waits") < s.kinds(0).index("sweep-resumes")
+        assert [t["decision"] for t in s.trials()] == \
+            ["continued", "continued", "paused", "promoted"]
     finally:
-        up.crash()
+        s.up.crash()
 
 
 def test_an_outranked_trial_is_paused_promoted_when_later_values_put_it_on_top_then_stopped(
         home):
     """ASHA pauses, it does not stop at once: a trial outranked by the few values its rung had
     is held (its device freed), goes on when later values put it in the top, and is stopped
-    only once nothing of its sweep runs or waits to run. (Trials that sleep; their values are
-    reported for them, in a chosen order.)"""
-    path, auth = home
-    (path / "base" / "users" / "ada" / "idle.py").write_text("import time\ntime.sleep(300)\n")
-    up = Up(path)
+    only once nothing of its sweep runs or waits to run."""
+    s = Sleeping(home)
     try:
-        c = up.client
-        spec = {"name": "idle", "trials": 4, "seed": 0, "command": "python idle.py {lr}",
-                "space": {"lr": {"grid": [1, 2, 3, 4]}}, "metric": "loss", "mode": "min",
-                "stop": {"rule": "asha", "rungs": [10, 20], "reduction": 2}}
-        r = c.post("/v1/sweeps", json=spec, headers=auth)
-        sweep, jobs = r.json()["id"], [t["job_id"] for t in r.json()["trials"]]
-
-        def report(trial: int, loss: float) -> None:
-            up.backend.on_points(up.backend.records[jobs[trial]], {"loss": [[10, loss]]})
-
-        def trials() -> list[dict]:
-            return c.get(f"/v1/sweeps/{sweep}", headers=auth).json()["trials"]
-
         def state(trial: int) -> str:
-            return c.get(f"/v1/jobs/{jobs[trial]}", headers=auth).json()["state"]
+            return s.get(f"/v1/jobs/{s.jobs[trial]}")["state"]
 
-        report(0, 1.0)  # alone at the rung: continued
-        report(1, 2.0)  # #2 of 2, the top 1 goes on: paused
-        assert [t["decision"] for t in trials()][:2] == ["continued", "paused"]
-        wait(lambda: state(1), lambda s: s == "held")  # its device is free
-        report(2, 3.0)  # #3 of 3: paused
-        report(3, 4.0)  # #4 of 4: paused; and now the top 2 of 4 includes trial 1
-        assert [t["decision"] for t in trials()] == ["continued", "promoted", "paused", "paused"]
-        wait(lambda: state(1), lambda s: s in ("queued", "running"))  # back from its hold
-        assert "sweep-unpaused" in [e["kind"] for e in c.get(
-            f"/v1/jobs/{jobs[1]}/events", headers=auth).json()]
+        s.report(0, 1.0)  # alone at the rung: continued
+        s.report(1, 2.0)  # #2 of 2, the top 1 goes on: paused
+        assert [t["decision"] for t in s.trials()][:2] == ["continued", "paused"]
+        wait(lambda: state(1), lambda st: st == "held")  # its device is free
+        s.report(2, 3.0)  # #3 of 3: paused
+        s.report(3, 4.0)  # #4 of 4: paused; and now the top 2 of 4 includes trial 1
+        assert [t["decision"] for t in s.trials()] == \
+            ["continued", "promoted", "paused", "paused"]
+        wait(lambda: state(1), lambda st: st in ("queued", "running"))  # back from its hold
+        assert "sweep-unpaused" in s.kinds(1)
         assert state(2) != "cancelled"  # not while trials 0 and 1 may still put it on
-        for j in jobs[:2]:
-            assert c.post(f"/v1/jobs/{j}/cancel", headers=auth).status_code == 200
-        done = wait(trials, lambda ts: all(t["state"] in TERMINAL for t in ts))
+        for j in s.jobs[:2]:
+            assert s.c.post(f"/v1/jobs/{j}/cancel", headers=s.auth).status_code == 200
+        done = wait(s.trials, lambda ts: all(t["state"] in TERMINAL for t in ts))
         assert [t["decision"] for t in done][2:] == ["stopped", "stopped"]
         assert done[2]["state"] == "cancelled"
         assert "rung 10: loss 3, #3 of 4 (not in the top 2 of 4)" in done[2]["reason"]
     finally:
-        up.crash()
+        s.up.crash()
 
 
 def test_a_sweep_stops_trials_at_its_rungs_promotes_the_rest_and_names_the_best(home):
