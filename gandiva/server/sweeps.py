@@ -24,13 +24,12 @@ beside them (the best of the first trials, let through alone at the second rung,
 waiting while the benchmark's 13 others were judged). Once every trial has been judged (or
 has ended), priorities are as the rungs say. A first judgement costs a fraction of a second
 each; without this the first trials, let through unjudged, kept both devices for a whole
-quantum and more (measured with
-``benchmarks/sweep.py``, seed 2: the last of 16 trials got its first turn 32 s after the
-submission, against 3.6 s with every judged trial waiting). A promotion raises priority only
-once every trial has been judged: the first trials promoted, on the word of the few judged
-before them, would otherwise take the devices from the rest (the benchmark's best trial
-waited behind a slow learner promoted "#1 of 4" early on). A scheduler that never preempts
-(fifo) only orders its queue by these priorities.
+quantum and more (measured with ``benchmarks/sweep.py``, seed 2: the last of 16 trials got
+its first turn 32 s after the submission, against 3.6 s with every judged trial waiting).
+A promotion raises priority only once every trial has been judged: the first trials
+promoted, on the word of the few judged before them, would otherwise take the devices from
+the rest (the benchmark's best trial waited behind a slow learner promoted "#1 of 4" early
+on). A scheduler that never preempts (fifo) only orders its queue by these priorities.
 
 Decisions are stored before they are carried out; after a restart ``load`` takes every sweep
 with a trial not yet finished up again and carries out again what a crash may have left
@@ -45,7 +44,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gandiva.spec import TERMINAL
+from gandiva.spec import TERMINAL, JobState
 from gandiva.sweep.rules import Verdict, judge, value_at
 from gandiva.sweep.spec import SweepSpec
 
@@ -134,7 +133,7 @@ class Sweeps:
                 self._stop(trial, f"sweep {sweep.id} (decided before a restart)")
             elif trial.decision == "paused":
                 trial.why = f"sweep {sweep.id} (paused before a restart)"
-                if job.state != "held":
+                if job.state != JobState.HELD:
                     self.service.backend.hold(trial.job_id)
         for sweep in sweeps.values():
             for rung in sweep.spec.stop.rungs:
@@ -229,16 +228,16 @@ class Sweeps:
         """The priority the sweep's rules give ``trial`` now, the event that says so, and
         why."""
         sweep = trial.sweep
-        base, first = sweep.spec.priority, sweep.spec.stop.rungs[:1]
+        base, first = sweep.spec.priority, sweep.spec.stop.rungs[0]  # (a rule has rungs)
         if not untried:
             if trial.decision == "promoted":
                 return base + len(trial.rungs), "sweep-promoted", trial.why
             return base, "sweep-resumes", (f"sweep {sweep.id}: every trial has been judged "
-                                           f"at rung {first[0]}")
-        if trial.decision == "continued" and not self._on_top(trial, first[0]):
+                                           f"at rung {first}")
+        if trial.decision == "continued" and not self._on_top(trial, first):
             return base - 1, "sweep-waits", (
                 f"sweep {sweep.id}: let through at rung {max(trial.rungs)} for want of "
-                f"company; waits until every trial has been judged at rung {first[0]}")
+                f"company; waits until every trial has been judged at rung {first}")
         return base, "sweep-resumes", (f"{trial.why}; takes turns beside the trials not yet "
                                        "judged")
 
