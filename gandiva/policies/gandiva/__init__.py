@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -82,6 +83,9 @@ class Gandiva:
         self.planned: dict[int, A.Rounds] = {}  # server -> its planned rounds (rounds.py)
         self.ticking = False  # the event being decided is a tick
         self.unplannable: dict[tuple[int, ...], float] = {}  # group -> no plan tried till
+        # servers at each round's planning step, by what kept their rounds from being
+        # planned (rounds.unquiet), or "planned": where the simulator's time goes
+        self.plan_stats: Counter[str] = Counter()
         self._wake = -1.0
         self.solo_mbt: dict[str, float] = {}
         self.packed_mbt: dict[str, float] = {}

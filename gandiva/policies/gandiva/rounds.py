@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 # rounds per plan: a longer plan costs more to work out when a touch ends it early
 PLAN_ROUNDS = 32
+PLANNED = "planned"  # the plan_stats key of the servers whose rounds were planned
 # a group whose next round could not be planned is not tried again for this many rounds (its
 # rounds are carried out one by one meanwhile, as without plans: a matter of speed only)
 RETRY_ROUNDS = 4
@@ -47,15 +48,23 @@ def plan_quiet(p: Gandiva, cluster: Cluster, slicing: set[int]) -> Iterator[A.Ac
     with jobs waiting, whose next round is due), and take their servers out of it."""
     now = cluster.now
     for group in groups(p, slicing):
-        if (not slicing.issuperset(group) or p.unplannable.get(group, -1.0) > now
-                or not quiet(p, cluster, group)):
+        if not slicing.issuperset(group):
+            continue
+        if p.unplannable.get(group, -1.0) > now:
+            p.plan_stats["not tried again yet (a plan failed)"] += len(group)
+            continue
+        why = unquiet(p, cluster, group)
+        if why is not None:
+            p.plan_stats[why] += len(group)
             continue
         rounds = plan(p, cluster, group)
         if rounds is None:
+            p.plan_stats["quiet, but its next round changes free GPUs or waiting"] += len(group)
             if len(p.unplannable) > 4096:  # forget the groups that have long changed
                 p.unplannable = {g: t for g, t in p.unplannable.items() if t > now}
             p.unplannable[group] = now + RETRY_ROUNDS * p.quantum - 1e-6
             continue
+        p.plan_stats[PLANNED] += len(group)
         p.unplannable.pop(group, None)
         yield rounds
         for s in group:
@@ -82,33 +91,37 @@ def groups(p: Gandiva, servers: set[int]) -> list[tuple[int, ...]]:
     return out
 
 
-def quiet(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> bool:
-    """Will the next rounds on ``servers`` change nothing but who runs? (Checked after a
-    round; ``plan`` checks each planned round too.)"""
-    if p.las_admission:  # admission reads attained service, which the rounds change
-        return False
+def unquiet(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> str | None:
+    """What could change the next rounds on ``servers`` other than who runs (None: nothing,
+    they can be planned)? Checked after a round; ``plan`` checks each planned round too.
+    The reasons are counted in ``Gandiva.plan_stats`` (benchmarks/planned_rounds.py)."""
+    if p.las_admission:
+        return "las_admission (it reads attained service, which rounds change)"
     book, jobs = p.book, cluster.jobs
     members = [jobs[j] for s in servers for j in book.members[s]]
     if not members or len({j.priority for j in members}) > 1:
-        return False
+        return "priorities differ"
     for s in servers:
         if not cluster.nodes[s].up or not book.has_waiting(s, cluster):
-            return False
+            return "a server down or without waiting jobs"
     for job in members:
-        if (job.status not in (JobStatus.RUNNING, JobStatus.SUSPENDED)
-                or job.memory_gb is None or job.utilization is None
-                or job.id not in p.solo_mbt or job.id in p.spread or job.id in p.elastic_jobs
-                or job.id in cluster.transitions or p.trials.involves(job.id)
-                or any(len(cluster.gpus[g].jobs) > 1 for g in job.gpus)):
-            return False
+        if job.status not in (JobStatus.RUNNING, JobStatus.SUSPENDED) \
+                or job.id in cluster.transitions:
+            return "a job not yet settled"
+        if job.memory_gb is None or job.utilization is None or job.id not in p.solo_mbt:
+            return "a job not yet profiled alone"
+        if job.id in p.spread or job.id in p.elastic_jobs:
+            return "a spread or elastic job"
+        if p.trials.involves(job.id) or any(len(cluster.gpus[g].jobs) > 1 for g in job.gpus):
+            return "a packing trial, or jobs sharing a GPU"
     if p.pack:  # every pair that could share a GPU was tried and found wanting
         for s in servers:
             memory = max(cluster.gpus[g].memory_gb for g in cluster.nodes[s].gpus)
             ones = [jobs[j] for j in book.members[s] if jobs[j].num_gpus == 1]
             for i, a in enumerate(ones):
                 if any(packing.may_pair(p, a, b, memory) for b in ones[i + 1:]):
-                    return False
-    return True
+                    return "a pair of 1-GPU jobs packing may still try"
+    return None
 
 
 def plan(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> A.Rounds | None:
