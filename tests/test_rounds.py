@@ -11,6 +11,7 @@ import pytest
 from gandiva import actions as A
 from gandiva import events as E
 from gandiva.policies import make_policy
+from gandiva.policies.gandiva.rounds import PLANNED
 from gandiva.sim.engine import SimConfig, SimResult, Simulator
 from gandiva.state import Cluster, InvariantError
 from gandiva.traces import load_trace
@@ -84,6 +85,10 @@ def test_planned_rounds_end_in_the_same_run_as_rounds_carried_out_one_by_one():
     assert sim.seen["plans"] > 300 and sim.seen["gang plans"] > 10
     assert sim.seen["handed back"] > 0 and sim.seen["ended at Tick"] > 0
     assert fast.events < 0.8 * slow.events
+    # the planner's own count of what it planned, and why it did not plan the rest
+    stats = sim.policy.plan_stats
+    assert stats[PLANNED] == sum(len(p.servers) for p in sim.plans)
+    assert stats["a pair of 1-GPU jobs packing may still try"] > stats[PLANNED]
 
 
 def test_planned_rounds_end_before_a_failure_or_a_priority_change_as_if_carried_out():
