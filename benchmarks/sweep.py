@@ -130,7 +130,13 @@ def median_run(runs: list[dict]) -> dict:
     if len(runs) == 1:
         return runs[0]
     order = sorted(runs, key=lambda r: (r["target_s"] is None, r["target_s"] or 0.0))
-    return {**order[(len(order) - 1) // 2], "each": runs}
+    return {**order[(len(order) - 1) // 2], "each": runs}  # (even: the faster middle one)
+
+
+def shown(row: dict, key: str) -> str:
+    """A row's value of ``key``, followed by every run's where it is a median of several."""
+    each = row.get("each")
+    return str(row[key]) + (f" {[e[key] for e in each]}" if each else "")
 
 
 def main() -> None:
@@ -159,12 +165,9 @@ def main() -> None:
         table.add_column(col, justify="right")
     for k, r in rows.items():
         speedup = f"{base / r['target_s']:.1f}x" if base and r["target_s"] else ""
-        each = r.get("each")
-        table.add_row(k, r["policy"], r["rule"],
-                      str(r["target_s"]) + (f" {[e['target_s'] for e in each]}" if each else ""),
-                      speedup, f"{r['device_min']:.1f}", f"{r['span_s']:.0f}", str(r["stopped"]),
-                      str(r["best_loss"]) + (f" {[e['best_loss'] for e in each]}" if each else ""),
-                      str(r["best_trial"]))
+        table.add_row(k, r["policy"], r["rule"], shown(r, "target_s"), speedup,
+                      f"{r['device_min']:.1f}", f"{r['span_s']:.0f}", str(r["stopped"]),
+                      shown(r, "best_loss"), str(r["best_trial"]))
     Console(width=150).print(table)
     good = [i for i, p in enumerate(draw) if 0.003 <= p["lr"] <= 0.3]
     print(f"trials with a rate in 0.003-0.3 (submission order): {good}")
