@@ -27,9 +27,12 @@ CNN = Path(__file__).resolve().parents[1] / "examples" / "cnn.py"
 WAIT_MS = 60_000  # generous: the server, three jobs and a browser share the machine's cores
 STEPS = 20_000  # longer than the tests; the server stops the jobs when it stops
 # Packing off: the three jobs take turns for as long as they run. With it on, gandiva packs
-# two of them onto one device once their first profiles arrive, within seconds.
+# two of them onto one device once their first profiles arrive, within seconds, and keeps
+# them packed whatever the trial measures (pack_min_gain=-1): these tests are about what the
+# map shows, and a trial's verdict on a 2-core machine depends on what else ran in its
+# second (CI once saw no packed device for a minute: every pair judged, none kept)
 TIME_SLICING = "gandiva:-pack:quantum=3"
-PACKING = "gandiva:quantum=3"
+PACKING = "gandiva:quantum=3:pack_min_gain=-1"
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no {CHROMIUM}")
 
@@ -106,6 +109,15 @@ def wait_for_event(server: Server, jobs: list[str], kind: str, timeout: float = 
     raise AssertionError(f"no job was {kind} within {timeout} s")
 
 
+def events_of(server: Server, jobs: list[str]) -> str:
+    """What happened to ``jobs``, one event a line, for a failing test's message."""
+    with server.client() as http:
+        events = [(e["at"], job, e["kind"], e["data"].get("devices", ""))
+                  for job in jobs for e in http.get(f"/v1/jobs/{job}/events").json()]
+    return "\n".join(f"{at:.2f} {job} {kind} {devices}" for at, job, kind, devices
+                     in sorted(events) if kind not in ("profile", "feedback"))
+
+
 def test_the_token_is_asked_once_kept_and_asked_again_when_refused(server, page):
     sign_in(page, server, token="not-a-token")
     expect(page.locator("#token-error")).to_contain_text("401")
@@ -170,7 +182,10 @@ def test_clicking_a_job_shows_its_timeline_of_running_and_suspended(server, jobs
 def test_once_gandiva_packs_two_jobs_the_map_shows_them_on_one_device(server, jobs, page):
     sign_in(page, server)
     packed = page.locator('#gpu-map [data-device][data-mode="packed"]')
-    expect(packed.locator("[data-job]")).to_have_count(2)
+    try:
+        expect(packed.locator("[data-job]")).to_have_count(2)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nthe jobs' events:\n{events_of(server, jobs)}") from None
     assert {packed.locator("[data-job]").nth(i).get_attribute("data-job")
             for i in range(2)} <= set(jobs)
     expect(page.locator("#jobs td.why", has_text="packed with").first).to_be_visible()
