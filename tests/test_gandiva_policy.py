@@ -193,6 +193,18 @@ def test_packing_kept_when_it_beats_time_slicing():
     assert max(jcts(result).values()) < 1300
 
 
+def test_a_waiting_job_is_never_packed_onto_a_job_of_higher_priority():
+    # low runs first (so it is profiled alone); high takes the GPU at the next round. The
+    # pair packs well (test_packing_kept_when_it_beats_time_slicing), but packing low beside
+    # high would slow high down for a lower job: low waits for the GPU instead
+    high = job("high", 10, 1, 900, model="vae", priority=5)
+    alone, _ = run("1x1:P40", "gandiva", high)
+    result, _ = run("1x1:P40", "gandiva", job("low", 0, 1, 900, model="vae"), high)
+    assert acts(result, A.Pack) == []
+    (t, _), = acts(result, A.Suspend, "low")
+    assert jcts(result)["high"] == pytest.approx(t - high.submit_time + jcts(alone)["high"])
+
+
 def test_packing_undone_when_it_does_not_pay():
     result, sim = run("1x1:P40", "gandiva", job("a", 0, 1, 900, model="lstm"),
                       job("b", 10, 1, 900, model="lstm"))

@@ -101,7 +101,15 @@ def may_pair(p: Gandiva, a: Job, b: Job, memory_gb: float) -> bool:
 
 def try_pack(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
     """Pack waiting 1-GPU jobs of ``server``, least-utilised first, each onto the GPU of the
-    least-utilised running job that shares no GPU yet, while memory fits."""
+    least-utilised running job that shares no GPU yet, while memory fits.
+
+    Decision: never onto a job of higher priority than the guest's. A packed job runs slower
+    (its GPU, or here its CPU cores, are shared), and a job is never slowed for one of lower
+    priority, as time-slicing never suspends one for it. A sweep's promoted trials run alone
+    so, as the paper's AutoML ran its top configurations exclusively: before this, a trial
+    let through for want of company was packed beside them (``benchmarks/sweep.py``, seed 0:
+    four promoted trials and one let through took turns three to a pair of slots). No bundled
+    trace has two priorities, so no simulated result changes."""
     waiting = [j for j in p.book.waiting(server, cluster)
                if j.num_gpus == 1 and j.id in p.solo_mbt and j.utilization is not None
                and j.memory_gb is not None and j.id not in p.trials]
@@ -114,7 +122,8 @@ def try_pack(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
     hosts.sort(key=lambda j: (j.utilization, j.seq))
     for guest in sorted(waiting, key=lambda j: (j.utilization, j.seq)):
         for host in hosts:
-            if not may_pair(p, guest, host, cluster.gpus[host.gpus[0]].memory_gb):
+            if host.priority > guest.priority or not may_pair(
+                    p, guest, host, cluster.gpus[host.gpus[0]].memory_gb):
                 continue
             yield A.Pack(guest.id, host.gpus)
             p.trials.start(guest.id, host.id)
