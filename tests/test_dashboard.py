@@ -115,7 +115,8 @@ def events_of(server: Server, jobs: list[str]) -> str:
         events = [(e["at"], job, e["kind"], e["data"].get("devices", ""))
                   for job in jobs for e in http.get(f"/v1/jobs/{job}/events").json()]
     return "\n".join(f"{at:.2f} {job} {kind} {devices}" for at, job, kind, devices
-                     in sorted(events) if kind not in ("profile", "feedback"))
+                     in sorted(events, key=lambda e: e[:3])  # (devices: a list or "")
+                     if kind not in ("profile", "feedback"))
 
 
 def test_the_token_is_asked_once_kept_and_asked_again_when_refused(server, page):

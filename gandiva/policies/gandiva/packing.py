@@ -105,11 +105,9 @@ def try_pack(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
 
     Decision: never onto a job of higher priority than the guest's. A packed job runs slower
     (its GPU, or here its CPU cores, are shared), and a job is never slowed for one of lower
-    priority, as time-slicing never suspends one for it. A sweep's promoted trials run alone
-    so, as the paper's AutoML ran its top configurations exclusively: before this, a trial
-    let through for want of company was packed beside them (``benchmarks/sweep.py``, seed 0:
-    four promoted trials and one let through took turns three to a pair of slots). No bundled
-    trace has two priorities, so no simulated result changes."""
+    priority, as time-slicing never suspends one for it: a sweep's promoted trials share
+    their devices with no trial below them (the paper's AutoML ran its top configurations
+    exclusively), where a trial let through for want of company was packed beside them."""
     waiting = [j for j in p.book.waiting(server, cluster)
                if j.num_gpus == 1 and j.id in p.solo_mbt and j.utilization is not None
                and j.memory_gb is not None and j.id not in p.trials]
