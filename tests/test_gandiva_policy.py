@@ -169,6 +169,18 @@ def test_priority_change_while_running_takes_effect_at_once():
     assert acts(result, A.Suspend, "b") == []
 
 
+def test_priority_changes_at_one_instant_are_carried_out_together():
+    # a controller (a sweep promoting its top trials) raises b, then c above it, at once:
+    # c takes the GPU; b, outranked before it ran a mini-batch, is not started and stopped
+    result, _ = run("1x1", "gandiva:-pack:quantum=1000", job("a", 0, 1, 600),
+                    job("b", 10, 1, 600), job("c", 20, 1, 600),
+                    priority_changes=[(100.0, "b", 1), (100.0, "c", 2)])
+    assert [t for t, _ in acts(result, A.Suspend, "a")] == [pytest.approx(100)]
+    assert [t for t, _ in acts(result, A.Place, "c")] == [pytest.approx(100)]
+    assert acts(result, A.Suspend, "b") == []
+    assert [t for t, _ in acts(result, A.Place, "b")] == [pytest.approx(700)]  # after c
+
+
 def test_lower_priority_job_migrates_away_instead_of_stopping():
     c, book = hand_state("2x1", {"low": (1, (0,)), "high": (1, ())})
     p = make_policy("gandiva")

@@ -216,3 +216,34 @@ def test_a_cancel_is_on_record_before_its_node_is_told(tmp_path):
     finally:
         backend.stop()
         loop.join(timeout=30)
+
+
+def test_a_hold_and_new_priorities_asked_together_start_no_job_they_then_stop(tmp_path):
+    """As a sweep pauses a trial and promotes others in one step: x is held, a and b raised,
+    b above a. b takes x's GPU; neither a nor w (the next by the old priorities) is started
+    on it and suspended again."""
+    nodes = HollowNodes(servers=1, gpus=1)
+    backend = Driver(make_policy("gandiva:quantum=1000:-pack"), tmp_path, nodes=nodes)
+    for name in ("x", "w", "a", "b"):
+        backend.submit(JobSpec(name, 0.0, 1, MODEL), hollow_launch(MODEL, 10**9))
+    loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
+    loop.start()
+    try:
+        deadline = time.monotonic() + 30
+        while "x" not in nodes.jobs or len(backend.cluster.jobs) < 4:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with backend.requests._lock:  # one step's requests, in the order a sweep asks them
+            backend.requests._asked += [("hold", "x", None), ("priority", "a", 1),
+                                        ("priority", "b", 2)]
+        backend.set_priority("x", 0)  # (wakes the loop; x keeps its priority)
+        while "b" not in nodes.jobs:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.5)  # what a late decision would still have sent
+        started = {type(a).__name__ + ":" + a.job_id for _, a, _ in backend.actions}
+        assert not started & {"Place:a", "Place:w", "Resume:a", "Resume:w"}
+        assert backend.records["x"].status == "held"
+    finally:
+        backend.stop()
+        loop.join(timeout=30)

@@ -1,7 +1,7 @@
 """What users ask of a job: cancel, hold, release, a new priority; and the time limit they set.
 
 Asked from any thread (the API's), carried out by the driver's loop at its next step, in the
-order asked: the loop alone changes the scheduler's state. A held job checkpoints at its next
+order asked, new priorities first: the loop alone changes the scheduler's state. A held job checkpoints at its next
 mini-batch boundary and its processes exit (it keeps no device and no host memory); a
 cancelled one, or one past its time limit (its turns on a device counted, not its waits, as
 Slurm's TIMEOUT), is stopped at once.
@@ -47,6 +47,11 @@ class Requests:
         """Everything asked since the last step, then the time limits."""
         with self._lock:
             asked, self._asked = self._asked, []
+        # Decision: the step's new priorities before its holds and cancels (otherwise in the
+        # order asked). A sweep pausing a trial and promoting others at once asks for the
+        # hold first; the device it freed went to the best job by the old priorities, which
+        # the new ones then suspended before it ran a mini-batch
+        asked.sort(key=lambda a: a[0] != "priority")
         for what, job_id, arg in asked:
             self._one(what, job_id, arg)
         self._time_limits()

@@ -162,7 +162,8 @@ class Gandiva:
             yield from rounds.thaw(self, cluster, self.book.home.get(job.id, ()))
             if job.id in self.unassigned:
                 self.unassigned.add(job, self._rank(job, cluster))
-            touched.update(self.book.home.get(job.id, ()))
+            for s in self.book.home.get(job.id, ()):  # at a tick of this instant: see below
+                self.timer(cluster.now, "refill", s)
         elif isinstance(event, E.ProfileSample):
             packing.observe(self, cluster, event)
             if self.pack:
@@ -179,6 +180,11 @@ class Gandiva:
         if isinstance(event, E.Tick):
             due = self._due(cluster.now)
             self._wake = -1.0  # this tick was the one asked for: a timer due now needs another
+            # Decision: a priority change reorders its servers at a tick of the same instant,
+            # once every change of that instant is in: a controller changing several at once
+            # (a sweep promoting its top trials) had each change carried out alone, so a job
+            # resumed for one change was suspended for the next before it ran a mini-batch
+            touched.update(server for kind, server in due if kind == "refill")
         slices = {server for kind, server in due if kind == "slice"}
         for s in list(slices):  # plans that end now: all their servers take the round
             if s in self.planned:
