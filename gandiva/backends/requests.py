@@ -1,10 +1,10 @@
 """What users ask of a job: cancel, hold, release, a new priority; and the time limit they set.
 
 Asked from any thread (the API's), carried out by the driver's loop at its next step, in the
-order asked, new priorities first: the loop alone changes the scheduler's state. A held job checkpoints at its next
-mini-batch boundary and its processes exit (it keeps no device and no host memory); a
-cancelled one, or one past its time limit (its turns on a device counted, not its waits, as
-Slurm's TIMEOUT), is stopped at once.
+order asked, new priorities first: the loop alone changes the scheduler's state. A held job
+checkpoints at its next mini-batch boundary and its processes exit (it keeps no device and no
+host memory); a cancelled one, or one past its time limit (its turns on a device counted, not
+its waits, as Slurm's TIMEOUT), is stopped at once.
 """
 
 from __future__ import annotations
