@@ -88,7 +88,10 @@ def test_planned_rounds_end_in_the_same_run_as_rounds_carried_out_one_by_one():
     # the planner's own count of what it planned, and why it did not plan the rest
     stats = sim.policy.plan_stats
     assert stats[PLANNED] == sum(len(p.servers) for p in sim.plans)
-    assert stats["a pair of 1-GPU jobs packing may still try"] > stats[PLANNED]
+    # packing is checked round by round (a plan stops before a round where it would try a
+    # pair), not ruled out for as long as some pair of the group could share a GPU
+    assert stats["quiet, but packing tries a pair at its next round"] > 0
+    assert "a pair of 1-GPU jobs packing may still try" not in stats
 
 
 def test_planned_rounds_end_before_a_failure_or_a_priority_change_as_if_carried_out():

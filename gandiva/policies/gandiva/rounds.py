@@ -30,7 +30,7 @@ from gandiva.policies.gandiva import packing, timeslice
 from gandiva.policies.gandiva.migration import is_spread
 from gandiva.policies.gandiva.placement import gang_gpus
 from gandiva.policies.placement import pick
-from gandiva.state import Cluster, JobStatus
+from gandiva.state import Cluster, Job, JobStatus
 
 if TYPE_CHECKING:
     from gandiva.policies.gandiva import Gandiva
@@ -58,8 +58,8 @@ def plan_quiet(p: Gandiva, cluster: Cluster, slicing: set[int]) -> Iterator[A.Ac
             p.plan_stats[why] += len(group)
             continue
         rounds = plan(p, cluster, group)
-        if rounds is None:
-            p.plan_stats["quiet, but its next round changes free GPUs or waiting"] += len(group)
+        if isinstance(rounds, str):
+            p.plan_stats[rounds] += len(group)
             if len(p.unplannable) > 4096:  # forget the groups that have long changed
                 p.unplannable = {g: t for g, t in p.unplannable.items() if t > now}
             p.unplannable[group] = now + RETRY_ROUNDS * p.quantum - 1e-6
@@ -114,21 +114,34 @@ def unquiet(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> str | Non
             return "a spread or elastic job"
         if p.trials.involves(job.id) or any(len(cluster.gpus[g].jobs) > 1 for g in job.gpus):
             return "a packing trial, or jobs sharing a GPU"
-    if p.pack:  # every pair that could share a GPU was tried and found wanting
-        for s in servers:
-            memory = max(cluster.gpus[g].memory_gb for g in cluster.nodes[s].gpus)
-            ones = [jobs[j] for j in book.members[s] if jobs[j].num_gpus == 1]
-            for i, a in enumerate(ones):
-                if any(packing.may_pair(p, a, b, memory) for b in ones[i + 1:]):
-                    return "a pair of 1-GPU jobs packing may still try"
     return None
 
 
-def plan(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> A.Rounds | None:
+def packs(p: Gandiva, cluster: Cluster, jobs: list[Job], slots: list[timeslice.Slot]) -> bool:
+    """Would ``packing.try_pack`` pack a job in this round of a plan: a waiting 1-GPU job
+    beside a running one on its server that it may share a GPU with? (Every job of a quiet
+    group is profiled, in no trial and of one priority, which try_pack's other tests ask.)
+    The plan stops before such a round, and packing tries the pair at it as without plans."""
+    if not p.pack:
+        return False
+    waiting: dict[int, list[Job]] = {}
+    running: dict[int, list[tuple[Job, int]]] = {}
+    for job, sl in zip(jobs, slots, strict=True):
+        if sl.width == 1 and len(sl.home) == 1:
+            if sl.gpus:
+                running.setdefault(sl.home[0], []).append((job, sl.gpus[0]))
+            else:
+                waiting.setdefault(sl.home[0], []).append(job)
+    return any(packing.may_pair(p, guest, host, cluster.gpus[g].memory_gb)
+               for s, guests in waiting.items() for guest in guests
+               for host, g in running.get(s, ()))
+
+
+def plan(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> A.Rounds | str:
     """The next rounds on quiet ``servers``, worked out as ``rotate`` would carry them out,
-    up to the first that would change a server's count of free GPUs (which others read) or
-    leave it no job waiting (which a round carried out must handle), at most
-    ``PLAN_ROUNDS``; None if not even one."""
+    up to the first that would change a server's count of free GPUs (which others read),
+    leave it no job waiting (which a round carried out must handle) or have packing try a
+    pair (``packs``), at most ``PLAN_ROUNDS``; if not even one, why not."""
     book, q = p.book, p.quantum
     order = list({j: None for s in servers for j in book.members[s]})
     jobs = [cluster.jobs[j] for j in order]
@@ -145,7 +158,7 @@ def plan(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> A.Rounds | N
 
     first = round(cluster.now / q)
     if first * q != cluster.now:  # rounds fall on multiples of the quantum
-        return None
+        return "a round off the quantum's multiples"
     index = {sl.id: i for i, sl in enumerate(slots)}
     rounds = [tuple(sl.gpus for sl in slots)]
     las = p.slice_order in timeslice.BY_SERVICE
@@ -180,10 +193,14 @@ def plan(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> A.Rounds | N
             since[index[sl.id]] = now
         waiting = {t for sl in slots if not sl.gpus for t in sl.home}
         if any(len(free[s]) != idle[s] for s in servers) or waiting != set(servers):
+            stop = "quiet, but its next round changes free GPUs or waiting"
+            break
+        if packs(p, cluster, jobs, slots):
+            stop = "quiet, but packing tries a pair at its next round"
             break
         rounds.append(tuple(sl.gpus for sl in slots))
     if len(rounds) < 2:
-        return None
+        return stop
     return A.Rounds(servers, first, q, tuple(order), tuple(rounds))
 
 
