@@ -291,32 +291,35 @@ class Sleeping:
         return [e["kind"] for e in self.get(f"/v1/jobs/{self.jobs[trial]}/events")]
 
 
-def test_unsure_trials_wait_below_the_untried_and_promotions_raise_priority_once_all_are_judged(
+def test_the_best_at_the_first_rung_leads_unsure_trials_wait_and_the_rest_resume_once_judged(
         home):
-    """Until every trial has had its first judgement, a trial let through at the first rung
-    for want of company waits one priority below the sweep's (the trials not yet tried come
-    first) and a promoted one keeps the sweep's. Then promoted trials go up a priority per
-    rung and the rest come back to the sweep's."""
+    """The best trial at the first rung, judged against enough others, runs above every other
+    trial of the sweep (on devices of its own), and the lead moves when a better one comes.
+    Until every trial has had its first judgement, a trial let through at the first rung for
+    want of company waits one priority below the sweep's (the trials not yet tried come
+    first); then the trials not promoted come back to the sweep's priority."""
     s = Sleeping(home, priority=5)
+    lead = 5 + 2 + 1  # above a trial promoted at both rungs
     try:
         def priorities() -> list[int]:
             return [s.get(f"/v1/jobs/{j}")["priority"] for j in s.jobs]
 
         assert priorities() == [5, 5, 5, 5]
-        s.report(0, 1.0)  # first at the rung: continued, and waits
+        s.report(0, 1.0)  # first at the rung: continued, and waits; no lead without company
         assert priorities() == [4, 5, 5, 5]
-        s.report(1, 0.5)  # better than the one before: promoted, not raised yet
+        s.report(1, 0.5)  # better than the one before: promoted, and it leads
         s.report(2, 3.0)  # paused: held, it keeps its priority
-        assert priorities() == [4, 5, 5, 5]
-        # alone at the second rung, trial 1 is let through for want of company, but the
-        # first rung's values put it on top: it does not wait
+        assert priorities() == [4, lead, 5, 5]
+        # alone at the second rung, trial 1 is let through for want of company; the first
+        # rung's values keep it in the lead
         s.report(1, 0.4, step=20)
         assert [t["decision"] for t in s.trials()][:2] == ["continued", "continued"]
-        assert priorities() == [4, 5, 5, 5]
-        assert "sweep-waits" not in s.kinds(1) and "sweep-promoted" not in s.kinds(1)
-        s.report(3, 0.7)  # promoted (top 2 of 4); now every trial has been judged
-        assert priorities() == [5, 5, 5, 6]
+        assert priorities() == [4, lead, 5, 5]
+        assert "sweep-waits" not in s.kinds(1) and "sweep-leads" in s.kinds(1)
+        s.report(3, 0.2)  # the best at the first rung: it leads; every trial is judged now
+        assert priorities() == [5, 5, 5, lead]
         assert s.kinds(0).index("sweep-waits") < s.kinds(0).index("sweep-resumes")
+        assert s.kinds(1).index("sweep-leads") < s.kinds(1).index("sweep-resumes")
         assert [t["decision"] for t in s.trials()] == \
             ["continued", "continued", "paused", "promoted"]
     finally:
@@ -377,9 +380,13 @@ def test_a_sweep_stops_trials_at_its_rungs_promotes_the_rest_and_names_the_best(
             assert "sweep-stopped" in kinds and kinds[-1] == "cancelled"
             assert t["step"] < 2000  # stopped long before its end
         for t in sweep["trials"]:
-            if t["decision"] == "promoted":  # one more priority for each rung passed
+            if t["decision"] == "promoted":  # one more priority for each rung passed (the
+                # lead at the first rung: one above them all, while it ran)
+                kinds = [e["kind"] for e in
+                         c.get(f"/v1/jobs/{t['job_id']}/events", headers=auth).json()]
+                led = [k for k in kinds if k.startswith("sweep-")][-1] == "sweep-leads"
                 assert c.get(f"/v1/jobs/{t['job_id']}", headers=auth).json()["priority"] \
-                    == len(t["rungs"])
+                    == (2 + 1 if led else len(t["rungs"]))
         # the trials that barely learn never win; the best is one that learns
         assert sweep["best"] is not None and sweep["best"]["params"]["lr"] in (0.05, 0.1)
         from gandiva.job import checkpoint  # the best trial's final state, one field away
