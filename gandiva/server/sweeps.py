@@ -236,12 +236,13 @@ class Sweeps:
                 self._store(trial)
                 self._stop(trial, sweep.verdict(trial, max(trial.rungs))[1])
 
-    def _priority(self, trial: Trial, untried: bool) -> tuple[int, str, str]:
+    def _priority(self, trial: Trial, untried: bool, leader: Trial | None
+                  ) -> tuple[int, str, str]:
         """The priority the sweep's rules give ``trial`` now, the event that says so, and
         why."""
         sweep = trial.sweep
         base, first = sweep.spec.priority, sweep.spec.stop.rungs[0]  # (a rule has rungs)
-        if trial is self._leader(sweep, first):
+        if trial is leader:
             return base + len(sweep.spec.stop.rungs) + 1, "sweep-leads", (
                 f"sweep {sweep.id}: the best at rung {first} so far; runs on devices of its "
                 "own while the other trials take turns on the rest")
@@ -281,10 +282,11 @@ class Sweeps:
         if sweep.spec.stop.rule == "none":
             return
         untried = sweep.untried()
+        leader = self._leader(sweep, sweep.spec.stop.rungs[0])  # once: it reads every trial
         for trial in sweep.trials:
             if trial.ended or trial.decision == "paused":
                 continue
-            priority, kind, why = self._priority(trial, untried)
+            priority, kind, why = self._priority(trial, untried, leader)
             if priority == (sweep.spec.priority if trial.set_to is None else trial.set_to):
                 continue
             trial.set_to = priority
