@@ -382,9 +382,11 @@ def test_a_sweep_stops_trials_at_its_rungs_promotes_the_rest_and_names_the_best(
         for t in sweep["trials"]:
             if t["decision"] == "promoted":  # one more priority for each rung passed (the
                 # lead at the first rung: one above them all, while it ran)
-                kinds = [e["kind"] for e in
-                         c.get(f"/v1/jobs/{t['job_id']}/events", headers=auth).json()]
-                led = [k for k in kinds if k.startswith("sweep-")][-1] == "sweep-leads"
+                # (its last priority event: a sweep-continued may follow the lead's)
+                set_by = [e["kind"] for e in
+                          c.get(f"/v1/jobs/{t['job_id']}/events", headers=auth).json()
+                          if "to" in e["data"]]
+                led = set_by[-1] == "sweep-leads"
                 assert c.get(f"/v1/jobs/{t['job_id']}", headers=auth).json()["priority"] \
                     == (2 + 1 if led else len(t["rungs"]))
         # the trials that barely learn never win; the best is one that learns

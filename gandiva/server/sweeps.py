@@ -261,7 +261,7 @@ class Sweeps:
     def _leader(self, sweep: Sweep, first: int) -> Trial | None:
         """The live trial with the best value at the first rung, judged against enough others
         (the rule's ``sure``), while the cluster has devices for it and as many again for the
-        trials not yet judged; else None."""
+        other trials; else None."""
         live = [t for t in sweep.trials
                 if first in t.rungs and not t.ended and t.decision != "paused"]
         if not live or self.service.backend.cluster.total_gpus < 2 * sweep.spec.gpus:
