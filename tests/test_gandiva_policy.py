@@ -89,7 +89,8 @@ def test_multi_server_job_gets_whole_servers_of_one_rack():
 # ---- time-slicing --------------------------------------------------------------------------
 
 def test_oversubscribed_server_time_slices_with_the_quantum():
-    result, _ = run("1x1", "gandiva:-pack", job("a", 0, 1, 600), job("b", 10, 1, 600))
+    result, _ = run("1x1", "gandiva:-pack:slice_order=roundrobin", job("a", 0, 1, 600),
+                    job("b", 10, 1, 600))
     # b waits for the next round (rounds fall on multiples of the 60 s quantum), then a and
     # b alternate every 60 s
     (t_b, _), = acts(result, A.Place, "b")
@@ -142,7 +143,8 @@ def test_gang_wider_than_a_server_time_slices_across_its_servers():
 
 
 def test_narrow_job_takes_turns_with_a_running_gang():
-    result, _ = run("2x2", "gandiva:-pack", job("g", 0, 4, 1000), job("c", 10, 1, 300))
+    result, _ = run("2x2", "gandiva:-pack:slice_order=roundrobin", job("g", 0, 4, 1000),
+                    job("c", 10, 1, 300))
     (t, _), = acts(result, A.Place, "c")
     assert t == pytest.approx(60)
     assert [t for t, _ in acts(result, A.Suspend, "g")][0] == pytest.approx(60)
@@ -514,18 +516,20 @@ def test_judging_only_the_trials_whose_jobs_changed_decides_exactly_as_judging_a
     assert jcts(fast) == jcts(full)
 
 
-def test_slices_by_level_let_a_newcomer_in_at_once_and_then_run_one_level_first_come_first():
-    """``slice_order=levels``: a newcomer takes the GPU from a job past 1 GPU-hour at the next
-    round, but two newcomers of the same level run one after the other, not a quantum each in
-    turn, so the first ends as soon as it would alone after its start."""
+def test_slices_by_level_give_each_newcomer_a_turn_at_once_then_run_one_level_first_come_first():
+    """``slice_order=levels``: a newcomer takes the GPU at the next round (from a job past 1
+    GPU-hour, or from one of its own level: its first turn is its early feedback), but then
+    jobs of one level run one after the other, not a quantum each in turn, so the first ends
+    as soon as it would alone after its start, but for the second's first turn."""
     jobs = (job("long", 0, 1, 36_000), job("b", 7_200, 1, 600), job("c", 7_230, 1, 600))
     for order in ("levels", "roundrobin"):
         result, _ = run("1x1", f"gandiva:-pack:slice_order={order}", *jobs)
         rec = {r.spec.id: r for r in result.jobs}
         assert rec["b"].start <= 7_260.0  # at the first round after its arrival
+        assert rec["c"].first_feedback <= 7_320.0 + 60
         if order == "levels":
-            assert rec["b"].finish < 7_260.0 + 600 + 5  # alone, but for one resume
-            assert rec["c"].start >= rec["b"].finish
+            assert rec["b"].finish < 7_260.0 + 600 + 60 + 5  # alone, but for c's first turn
+            assert rec["c"].finish > rec["b"].finish
         else:  # round-robin shares the GPU a quantum at a time among all three
             assert rec["b"].finish > 7_260.0 + 1_200
     # seven 8-GPU gangs on 8 GPUs (gavel-philly-23dbec): near LAS, where round-robin
@@ -535,6 +539,37 @@ def test_slices_by_level_let_a_newcomer_in_at_once_and_then_run_one_level_first_
 
     trace = load_trace("gavel-philly-23dbec")
     mean = {p: summarize(simulate(trace, p, cluster="2x4:V100"))["mean_jct_s"]
-            for p in ("las", "gandiva", "gandiva:slice_order=levels")}
-    assert mean["gandiva:slice_order=levels"] < 0.8 * mean["gandiva"]
+            for p in ("las", "gandiva:slice_order=roundrobin", "gandiva:slice_order=levels")}
+    assert mean["gandiva:slice_order=levels"] < 0.8 * mean["gandiva:slice_order=roundrobin"]
     assert mean["gandiva:slice_order=levels"] == pytest.approx(mean["las"], rel=0.02)
+
+
+def test_one_slice_order_across_servers_moves_a_waiting_job_where_it_ranks_high_enough():
+    """``balance``: server 0 runs a, with b waiting behind it (both had one turn, under 1
+    GPU-hour); server 1 runs c, past 1 GPU-hour. In one slice order across both servers b
+    ranks above c, so b's home becomes server 1 (c is suspended there at the round), and a,
+    running, keeps its server. Without ``balance`` each server keeps its own order."""
+    from gandiva.policies.gandiva.timeslice import rebalance
+
+    c = Cluster.build("2x1")
+    c.observe(E.Arrival(0.0, JobSpec("c", 0.0, 1, "resnet50", duration=1e6)))
+    c.apply(A.Place("c", (1,)))
+    for jid in ("a", "b"):
+        c.observe(E.Arrival(4_000.0, JobSpec(jid, 4_000.0, 1, "resnet50", duration=1e6)))
+    c.apply(A.Place("b", (0,)))
+    c.observe(E.Tick(4_060.0))
+    c.apply(A.Suspend("b"))
+    c.apply(A.Place("a", (0,)))
+    c.observe(E.Tick(4_120.0))
+    p = make_policy("gandiva")
+    assert p.balance and p.slice_order == "levels"  # the defaults
+    p.book = Book.of(c)
+    p.book.assign(c.jobs["c"], (1,))
+    for jid in ("a", "b"):
+        p.book.assign(c.jobs[jid], (0,))
+    p.book.last_start.update(c=0.0, b=4_000.0, a=4_060.0)
+    rebalance(p, c, {0, 1})
+    assert p.book.home == {"c": (1,), "a": (0,), "b": (1,)}
+    actions = list(rotate(p, c, {0, 1}, tick=True))
+    assert [(type(x).__name__, x.job_id) for x in actions] == [("Suspend", "c"),
+                                                               ("Resume", "b")]

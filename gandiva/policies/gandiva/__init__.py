@@ -36,9 +36,18 @@ class Gandiva:
     elastic: bool = True
     # the paper's suspend/resume quantum
     quantum: float = 60.0
-    # "roundrobin" (the paper), "las": order time slices by attained service (least first),
-    # or "levels": by attained-service level, first come first served within one (timeslice.py)
-    slice_order: str = "roundrobin"
+    # the order of time slices (timeslice.py): "roundrobin" (the paper: the job that had a GPU
+    # least recently first), "las" (least attained service first), or "levels" (a job never
+    # run first, for its early feedback, then Tiresias' attained-service levels, first come
+    # first served within one). Decision: "levels". Round-robin shares the GPUs a quantum at a
+    # time among jobs that could run one after the other, so they all end late, and that lost
+    # to LAS by up to 1.6x on the Pollux workloads (benchmarks/results/policy-matrix-*.txt)
+    slice_order: str = "levels"
+    # beyond the paper: one slice order across all servers rotating at a round, not one per
+    # server, as LAS has one across the cluster: a waiting job moves to a server where it ranks
+    # high enough to run (timeslice.rebalance). Without it a short job waits behind its own
+    # server's jobs while another server runs a job of a lower level
+    balance: bool = True
     # beyond the paper, off by default: when every server is at max_height, a newcomer takes
     # the place of the job with the most attained service (Tiresias' idea, cluster-wide); see
     # admission.py. It cuts the wait for first feedback under overload but, measured on the
@@ -240,6 +249,8 @@ class Gandiva:
 
     def _refill(self, cluster: Cluster, servers: set[int], tick: bool) -> Iterator[A.Action]:
         """A round of time-slicing on ``servers`` (and packing where they stay over-subscribed)."""
+        if tick and self.balance:
+            timeslice.rebalance(self, cluster, servers)
         yield from timeslice.rotate(self, cluster, servers, tick)
         slicing = set()
         for server in sorted(servers):

@@ -97,6 +97,8 @@ def unquiet(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> str | Non
     The reasons are counted in ``Gandiva.plan_stats`` (benchmarks/planned_rounds.py)."""
     if p.las_admission:
         return "las_admission (it reads attained service, which rounds change)"
+    if p.balance:
+        return "balance (one slice order across servers)"
     book, jobs = p.book, cluster.jobs
     members = [jobs[j] for s in servers for j in book.members[s]]
     if not members or len({j.priority for j in members}) > 1:

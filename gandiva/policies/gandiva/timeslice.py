@@ -109,7 +109,6 @@ def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick
     but for a job of higher priority.
     """
     room = dict(size)
-    order = p.slice_order
 
     def whole(s: Slot) -> bool:  # a gang whose every server is in this round
         return all(t in room for t in s.home)
@@ -123,24 +122,7 @@ def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick
             room[s.home[0]] -= len(s.gpus) or s.width
 
     def key(s: Slot) -> tuple:
-        if order == "las":
-            turn: float = s.attained
-        elif order == "levels":
-            turn = bisect_right(LEVELS, s.attained + 1e-6)
-        else:
-            turn = s.started if s.started is not None else float("-inf")
-        prio = -s.priority
-        if not s.gpus:
-            return (prio, 1, turn, s.seq)
-        fresh = now - (s.started if s.started is not None else now) < p.quantum / 2
-        if not tick or fresh:
-            return (prio, 0, turn, s.seq)  # keeps its turn
-        if order != "roundrobin":
-            return (prio, 1, turn, s.seq)  # competes on attained service like the others
-        # round-robin: a job whose turn is over goes behind those waiting, and the one that
-        # has run longest gives way first (ordering it by when its turn began, like a waiting
-        # job, kept a job that never stopped first in line for ever)
-        return (prio, 2, -turn, s.seq)
+        return slice_key(p, s, now, tick)
 
     keep = {s.id for s in slots if s.gpus and len(s.home) > 1 and not whole(s)}
     for s in slots:
@@ -156,6 +138,81 @@ def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick
             chosen.append(s)
             take(s)
     return keep, chosen
+
+
+def slice_key(p: Gandiva, s: Slot, now: float, tick: bool) -> tuple:
+    """A job's place in the slice order of a round at ``now`` (``choose``)."""
+    order = p.slice_order
+    if order == "las":
+        turn: float = s.attained
+    elif order == "levels":  # a job never run comes first, then by level
+        turn = bisect_right(LEVELS, s.attained + 1e-6) if s.started is not None else -1
+    else:
+        turn = s.started if s.started is not None else float("-inf")
+    prio = -s.priority
+    if not s.gpus:
+        return (prio, 1, turn, s.seq)
+    fresh = now - (s.started if s.started is not None else now) < p.quantum / 2
+    if not tick or fresh:
+        return (prio, 0, turn, s.seq)  # keeps its turn
+    if order != "roundrobin":
+        return (prio, 1, turn, s.seq)  # competes on attained service like the others
+    # round-robin: a job whose turn is over goes behind those waiting, and the one that
+    # has run longest gives way first (ordering it by when its turn began, like a waiting
+    # job, kept a job that never stopped first in line for ever)
+    return (prio, 2, -turn, s.seq)
+
+
+def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> None:
+    """One slice order across ``servers`` (those rotating now, with their gangs' servers), as
+    LAS has one across the cluster: a waiting job whose own server has no room for it in this
+    round, while another has room left after every job before it in that order, moves its
+    home there (it resumes there from its checkpoint) and ``rotate`` runs it there.
+
+    The jobs the order runs are found greedily, each at home where it fits, else on the server
+    with the most room left; then a running job that landed away from home swaps with a
+    waiting job of its width that landed at its home, so that only waiting jobs move.
+    """
+    book, now = p.book, cluster.now
+    S = {s for s in servers if cluster.nodes[s].up}
+    for s in list(S):
+        for jid in book.members[s]:
+            S.update(book.home[jid])
+    if len(S) < 2:
+        return
+    size = {s: cluster.nodes[s].size for s in S}
+    room = dict(size)
+    slots = list({j: slot(p, cluster.jobs[j], now) for s in sorted(S)
+                  for j in book.members[s]}.values())
+    slots.sort(key=lambda sl: slice_key(p, sl, now, True))
+    away: dict[str, int] = {}  # 1-server jobs the order runs off their home -> where
+    at: dict[tuple[int, int], list[Slot]] = {}  # (server, width) -> waiting jobs run at home
+    for sl in slots:
+        if len(sl.home) > 1:  # a gang takes its servers whole, or is running on them
+            if sl.gpus or all(room.get(t) == size.get(t) for t in sl.home):
+                for t in sl.home:
+                    room[t] = 0
+            continue
+        h, w = sl.home[0], len(sl.gpus) or sl.width
+        if w <= room[h]:
+            room[h] -= w
+            if not sl.gpus:
+                at.setdefault((h, w), []).append(sl)
+            continue
+        dest = max((t for t in sorted(S) if room[t] >= w), key=lambda t: room[t], default=None)
+        if dest is not None:
+            room[dest] -= w
+            away[sl.id] = dest
+    for sl in slots:
+        dest = away.get(sl.id)
+        if dest is None:
+            continue
+        if sl.gpus:  # running: a waiting job run at its home goes to ``dest`` instead
+            stand_ins = at.get((sl.home[0], len(sl.gpus)))
+            if not stand_ins:
+                continue  # it is suspended at home this round
+            sl = stand_ins.pop()
+        book.assign(cluster.jobs[sl.id], (dest,))
 
 
 def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool) -> Iterator[A.Action]:
