@@ -8,7 +8,7 @@ never smaller than the widest job. Each cell: mean JCT, p95 JCT, mean time to fi
 (100 steps) and GPU allocation. A trace's "win" cell says whether gandiva's mean JCT is at
 most LAS's (the goal of issue 17), and whether it keeps its first-feedback lead over FIFO.
 
-Usage: python benchmarks/policy_matrix.py [--quick] [--jobs 2000] [--traces a,b,...]
+Usage: python benchmarks/policy_matrix.py [--quick] [--jobs 2000] [--traces a,b,...] [--workers 2]
 --quick: six traces of different kinds, 300 jobs each (a minute or two on 2 cores).
 Prints a table and one JSON line, and keeps the run in benchmarks/results/.
 """
@@ -19,6 +19,7 @@ import argparse
 import datetime
 import json
 import math
+import multiprocessing
 import time
 from pathlib import Path
 
@@ -59,6 +60,30 @@ def cluster_for(trace: Trace, load: float) -> str:
     return f"{math.ceil(gpus / SERVER)}x{SERVER}:{trace.reference_gpu}"
 
 
+def row(task: tuple[str, int, str, dict[str, str]]) -> dict:
+    """One trace at one load: each policy's cell, and gandiva's standing."""
+    name, jobs, load_name, specs = task
+    trace = load_trace(name, jobs=jobs)
+    cluster = cluster_for(trace, LOADS[load_name])
+    cells = {}
+    for policy in POLICIES:
+        t0 = time.perf_counter()
+        s = summarize(simulate(trace, specs[policy], cluster=cluster))
+        cells[policy] = {"mean_jct_min": round(s["mean_jct_s"] / 60, 2),
+                         "p95_jct_min": round(s["p95_jct_s"] / 60, 2),
+                         "first_feedback_min": round(s["mean_first_feedback_s"] / 60, 2),
+                         "allocation": round(s["utilization"], 4),
+                         "finished": s["finished"],
+                         "wall_s": round(time.perf_counter() - t0, 2)}
+    g, las, fifo = cells["gandiva"], cells["las"], cells["fifo"]
+    return {"trace": name, "jobs": len(trace.jobs), "load": load_name, "cluster": cluster,
+            "cells": cells, "jct_win": g["mean_jct_min"] <= las["mean_jct_min"],
+            "gandiva_over_las": round(g["mean_jct_min"] / las["mean_jct_min"], 3)
+            if las["mean_jct_min"] else None,
+            "feedback_lead": g["first_feedback_min"] <= fifo["first_feedback_min"],
+            "allocation_lead": g["allocation"] >= max(las["allocation"], fifo["allocation"])}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -66,34 +91,20 @@ def main() -> None:
     ap.add_argument("--traces", default=None)
     ap.add_argument("--gandiva", default="gandiva", help="the gandiva variant to compare, "
                     "e.g. gandiva:slice_order=las")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="cells run in this many processes (each cell's wall time is its own)")
     args = ap.parse_args()
     specs = {"fifo": "fifo", "las": "las", "gandiva": args.gandiva}
     names = (args.traces.split(",") if args.traces else QUICK if args.quick
              else sorted(BUNDLED))
     jobs = args.jobs or (300 if args.quick else 2000)
     t_all = time.perf_counter()
-    rows = []
-    for name in names:
-        trace = load_trace(name, jobs=jobs)
-        for load_name, load in LOADS.items():
-            cluster = cluster_for(trace, load)
-            cells = {}
-            for policy in POLICIES:
-                t0 = time.perf_counter()
-                s = summarize(simulate(trace, specs[policy], cluster=cluster))
-                cells[policy] = {"mean_jct_min": round(s["mean_jct_s"] / 60, 2),
-                                 "p95_jct_min": round(s["p95_jct_s"] / 60, 2),
-                                 "first_feedback_min": round(s["mean_first_feedback_s"] / 60, 2),
-                                 "allocation": round(s["utilization"], 4),
-                                 "finished": s["finished"],
-                                 "wall_s": round(time.perf_counter() - t0, 2)}
-            g, las, fifo = cells["gandiva"], cells["las"], cells["fifo"]
-            rows.append({"trace": name, "jobs": len(trace.jobs), "load": load_name,
-                         "cluster": cluster, "cells": cells,
-                         "jct_win": g["mean_jct_min"] <= las["mean_jct_min"],
-                         "gandiva_over_las": round(g["mean_jct_min"] / las["mean_jct_min"], 3)
-                         if las["mean_jct_min"] else None,
-                         "feedback_lead": g["first_feedback_min"] <= fifo["first_feedback_min"]})
+    tasks = [(name, jobs, load_name, specs) for name in names for load_name in LOADS]
+    if args.workers > 1:
+        with multiprocessing.get_context("fork").Pool(args.workers) as pool:
+            rows = pool.map(row, tasks, chunksize=1)
+    else:
+        rows = [row(task) for task in tasks]
     wall = time.perf_counter() - t_all
     table = Table(title=f"mean JCT min (p95) · first feedback min · allocation; {jobs} jobs "
                         f"per trace; wall {wall:.0f} s")
@@ -110,9 +121,11 @@ def main() -> None:
     console.print(table)
     wins = sum(r["jct_win"] for r in rows)
     console.print(f"gandiva <= LAS on mean JCT in {wins} of {len(rows)} cells; first-feedback "
-                  f"lead over FIFO in {sum(r['feedback_lead'] for r in rows)} of {len(rows)}")
+                  f"lead over FIFO in {sum(r['feedback_lead'] for r in rows)} of {len(rows)}; "
+                  f"allocation at least both others' in "
+                  f"{sum(r['allocation_lead'] for r in rows)} of {len(rows)}")
     line = json.dumps({"benchmark": "policy_matrix", "quick": args.quick, "jobs": jobs,
-                       "gandiva": args.gandiva,
+                       "gandiva": args.gandiva, "workers": args.workers,
                        "wall_s": round(wall, 1), "rows": rows})
     print(line)
     RESULTS.mkdir(exist_ok=True)

@@ -24,6 +24,7 @@ import math
 import random
 import statistics
 
+from common import PAPER as PAPER_POLICY
 from common import compare, console, emit
 
 from gandiva import events as E
@@ -134,7 +135,7 @@ def main() -> None:
     for gpus in (int(g) for g in args.gpus.split(",")):
         configs, top = SETUPS[gpus]
         # the search owns the cluster: let every server hold all its configurations
-        gandiva = f"gandiva:max_height={configs}:-pack"
+        gandiva = f"{PAPER_POLICY}:max_height={configs}:-pack"
         for position in POSITIONS:
             speedups, fifo_ts, gandiva_ts = [], [], []
             for seed in range(args.seeds):

@@ -23,15 +23,16 @@ import argparse
 
 import cluster180
 import trace_replay
-from common import console, emit, run_policies
+from common import PAPER, console, emit, run_policies
 from rich.table import Table
 
 from gandiva.traces import load_trace
 
-POLICIES = {"fifo": "fifo", "las": "las", "gandiva": "gandiva",
-            "gandiva+las-slices": "gandiva:slice_order=las",
-            "gandiva+las-admission": "gandiva:las_admission",
-            "gandiva+both": "gandiva:las_admission:slice_order=las"}
+POLICIES = {"fifo": "fifo", "las": "las", "gandiva (paper)": PAPER,
+            "gandiva+las-slices": f"{PAPER}:slice_order=las",
+            "gandiva+las-admission": f"{PAPER}:las_admission",
+            "gandiva+both": f"{PAPER}:las_admission:slice_order=las",
+            "gandiva (default)": "gandiva"}
 
 
 def main() -> None:

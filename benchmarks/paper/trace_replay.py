@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import bisect
 
-from common import compare, console, emit, run_policies
+from common import PAPER, compare, console, emit, run_policies
 
 from gandiva.sim.engine import SimConfig, SimResult
 from gandiva.spec import Trace
@@ -23,10 +23,10 @@ from gandiva.traces import load_trace
 
 CLUSTER = "13x4:P100+12x4:P40"  # 52 + 48 GPUs in 4-GPU servers: as near 50/50 as 4 allow
 PAPER_MAKESPAN_S = 11_349 * 60
-POLICIES = {"fifo": "fifo", "gandiva": "gandiva"}
+POLICIES = {"fifo": "fifo", "gandiva": PAPER}
 # one mechanism off at a time, to explain where the differences from the paper come from
-ABLATIONS = {"no packing": "gandiva:-pack", "no over-subscription": "gandiva:-oversubscribe",
-             "no migration/defrag": "gandiva:-migrate:-defrag"}
+ABLATIONS = {"no packing": f"{PAPER}:-pack", "no over-subscription": f"{PAPER}:-oversubscribe",
+             "no migration/defrag": f"{PAPER}:-migrate:-defrag"}
 
 
 def workload(jobs: int, vc: str) -> tuple[Trace, dict]:

@@ -1,11 +1,14 @@
 """Time-slicing on an over-subscribed server: a round of suspends and resumes every quantum.
 
 Each round gives the server's GPUs to its jobs in order: higher priority first (a job is never
-suspended for a lower-priority one), then, by default, round-robin: the job that got a GPU
-least recently goes first, so newcomers (never run) go first of all, which is what gives every
-job early feedback. ``slice_order="las"`` orders by attained service instead (least first),
-Tiresias' idea applied inside a server. Packed jobs take their turns like the others (the packing
-step packs again after the round). A multi-GPU job is suspended and resumed as a whole.
+suspended for a lower-priority one), then by the slice order. By default (``levels``) a job
+that has never run goes first, which is what gives every job early feedback, then jobs by
+Tiresias' attained-service levels, first come first served within a level; the paper's
+``roundrobin`` gives the GPU to the job that had it least recently, and ``las`` to the least
+attained service. Packed jobs take their turns like the others (the packing step packs again
+after the round). A multi-GPU job is suspended and resumed as a whole. With ``balance`` (the
+default) the servers rotating at a round share one slice order (``rebalance``), as LAS has one
+across the cluster.
 
 Gangs wider than a server time-slice too (beyond the paper, which does not say how they share):
 such a gang belongs to whole servers and takes its turn on all of them at once. Rounds fall on
@@ -33,10 +36,10 @@ from gandiva.state import Cluster, Job, JobStatus
 ORDERS = ("roundrobin", "las", "levels")
 BY_SERVICE = ("las", "levels")  # the orders that read attained service
 # "levels": Tiresias' discretised LAS inside a round, at the las policy's levels (1 and 10
-# GPU-hours). A newcomer (level 0) still comes first, but jobs of one level take turns first
-# come first served instead of round by round: sharing the GPUs a quantum at a time makes
-# equal long jobs all end late (seven 8-GPU gangs on 8 GPUs, gavel-philly-23dbec: 2.8 h
-# mean JCT under round-robin against LAS's 2.1 h)
+# GPU-hours). A job never run still comes first (its first turn is its early feedback), but
+# jobs of one level take turns first come first served instead of round by round: sharing
+# the GPUs a quantum at a time makes equal long jobs all end late (seven 8-GPU gangs on 8
+# GPUs, gavel-philly-23dbec: 2.8 h mean JCT under round-robin against LAS's 2.1 h)
 LEVELS = Las.queue_limits
 
 if TYPE_CHECKING:
@@ -143,6 +146,8 @@ def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick
 def slice_key(p: Gandiva, s: Slot, now: float, tick: bool) -> tuple:
     """A job's place in the slice order of a round at ``now`` (``choose``)."""
     order = p.slice_order
+    if p.queue_roundrobin and len(p.unassigned):
+        order = "roundrobin"  # jobs wait for a place on a server: keep the places moving
     if order == "las":
         turn: float = s.attained
     elif order == "levels":  # a job never run comes first, then by level
