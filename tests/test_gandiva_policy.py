@@ -573,3 +573,19 @@ def test_one_slice_order_across_servers_moves_a_waiting_job_where_it_ranks_high_
     actions = list(rotate(p, c, {0, 1}, tick=True))
     assert [(type(x).__name__, x.job_id) for x in actions] == [("Suspend", "c"),
                                                                ("Resume", "b")]
+
+
+def test_slices_go_round_robin_while_jobs_wait_for_a_place_on_a_server():
+    """``queue_roundrobin``: with c queued (the one server is at max_height), a and b share
+    the GPU a quantum each, so that places keep moving; without it, a (first come, same
+    level) keeps the GPU once b has had its first turn."""
+    jobs = (job("a", 0, 1, 36_000), job("b", 10, 1, 36_000), job("c", 100, 1, 600))
+    for on in (True, False):
+        flag = "" if on else ":-queue_roundrobin"
+        result, _ = run("1x1", f"gandiva:-pack:max_height=2{flag}", *jobs)
+        assert not acts(result, A.Place, "c") or acts(result, A.Place, "c")[0][0] > 600
+        early = [(t, a.job_id) for t, a in acts(result, A.Suspend) if t <= 600]
+        if on:
+            assert {j for _, j in early} == {"a", "b"} and len(early) >= 8
+        else:
+            assert early == [(pytest.approx(60), "a"), (pytest.approx(120), "b")]
