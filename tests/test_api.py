@@ -19,7 +19,11 @@ from gandiva.server.store import Store  # noqa: E402
 CNN = str(Path(__file__).resolve().parents[1] / "examples" / "cnn.py")
 
 
-@pytest.fixture(params=["gandiva:quantum=1"])
+# round-robin slices (the paper's order): every turn changes who runs, and the tests count turns
+SLICING = "gandiva:quantum=1:slice_order=roundrobin"
+
+
+@pytest.fixture(params=[SLICING])
 def server(tmp_path, request):
     store = Store(str(tmp_path / "gandiva.db"))
     backend = Driver(make_policy(request.param), tmp_path / "work", slots=2,
@@ -140,7 +144,7 @@ def test_cancel_stops_a_running_job_and_only_its_owner_may(server):
     assert kinds[-2:] == ["cancel-requested", "cancelled"] or kinds[-1] == "cancelled"
 
 
-@pytest.mark.parametrize("server", ["fifo", "gandiva:quantum=1"], indirect=True)
+@pytest.mark.parametrize("server", ["fifo", SLICING], indirect=True)
 def test_explain_says_why_a_job_is_not_running(server):
     client, tokens, _ = server
     ada = auth(tokens["ada"])
