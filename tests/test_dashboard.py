@@ -32,7 +32,9 @@ STEPS = 20_000  # longer than the tests; the server stops the jobs when it stops
 # map shows, and a trial's verdict on a 2-core machine depends on what else ran in its
 # second (CI once saw no packed device for a minute: every pair judged, none kept)
 TIME_SLICING = "gandiva:-pack:quantum=3"
-PACKING = "gandiva:quantum=3:pack_min_gain=-1"
+# round-robin: every turn gives a waiting job its profile, which packing needs (by level, a
+# job that is not profiled in its first turn waits for the others to end)
+PACKING = "gandiva:quantum=3:pack_min_gain=-1:slice_order=roundrobin"
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no {CHROMIUM}")
 
