@@ -124,15 +124,13 @@ def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick
         else:
             room[s.home[0]] -= len(s.gpus) or s.width
 
-    def key(s: Slot) -> tuple:
-        return slice_key(p, s, now, tick)
-
     keep = {s.id for s in slots if s.gpus and len(s.home) > 1 and not whole(s)}
     for s in slots:
         if s.id in keep:
             take(s)
     chosen: list[Slot] = []
-    for s in sorted((s for s in slots if s.id not in keep), key=key):
+    for s in sorted((s for s in slots if s.id not in keep),
+                    key=lambda s: slice_key(p, s, now, tick)):
         if len(s.home) > 1:
             fits = whole(s) and all(room[t] == size[t] for t in s.home)
         else:
@@ -168,6 +166,18 @@ def slice_key(p: Gandiva, s: Slot, now: float, tick: bool) -> tuple:
     return (prio, 2, -turn, s.seq)
 
 
+def group(p: Gandiva, cluster: Cluster, servers: set[int]) -> tuple[set[int], list[Job]]:
+    """``servers`` with the other servers of their gangs, and the jobs of them all (each once,
+    by server then assignment order): what a round on ``servers`` decides over."""
+    book = p.book
+    S = set(servers)
+    for s in servers:
+        for jid in book.members[s]:
+            S.update(book.home[jid])
+    jobs = {jid: cluster.jobs[jid] for s in sorted(S) for jid in book.members[s]}
+    return S, list(jobs.values())
+
+
 def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> None:
     """One slice order across ``servers`` (those rotating now, with their gangs' servers), as
     LAS has one across the cluster: a waiting job whose own server has no room for it in this
@@ -179,22 +189,18 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> None:
     waiting job of its width that landed at its home, so that only waiting jobs move.
     """
     book, now = p.book, cluster.now
-    S = {s for s in servers if cluster.nodes[s].up}
-    for s in list(S):
-        for jid in book.members[s]:
-            S.update(book.home[jid])
+    S, jobs = group(p, cluster, {s for s in servers if cluster.nodes[s].up})
     if len(S) < 2:
         return
     size = {s: cluster.nodes[s].size for s in S}
     room = dict(size)
-    slots = list({j: slot(p, cluster.jobs[j], now) for s in sorted(S)
-                  for j in book.members[s]}.values())
-    slots.sort(key=lambda sl: slice_key(p, sl, now, True))
+    by_id = sorted(S)
+    slots = sorted((slot(p, j, now) for j in jobs), key=lambda sl: slice_key(p, sl, now, True))
     away: dict[str, int] = {}  # 1-server jobs the order runs off their home -> where
     at: dict[tuple[int, int], list[Slot]] = {}  # (server, width) -> waiting jobs run at home
     for sl in slots:
         if len(sl.home) > 1:  # a gang takes its servers whole, or is running on them
-            if sl.gpus or all(room.get(t) == size.get(t) for t in sl.home):
+            if sl.gpus or all(room[t] == size[t] for t in sl.home):
                 for t in sl.home:
                     room[t] = 0
             continue
@@ -204,7 +210,7 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> None:
             if not sl.gpus:
                 at.setdefault((h, w), []).append(sl)
             continue
-        dest = max((t for t in sorted(S) if room[t] >= w), key=lambda t: room[t], default=None)
+        dest = max((t for t in by_id if room[t] >= w), key=lambda t: room[t], default=None)
         if dest is not None:
             room[dest] -= w
             away[sl.id] = dest
@@ -224,11 +230,7 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool) -> Itera
     """A round on ``servers`` (plus the other servers of their gangs): who runs next
     (``choose``), carried out."""
     book, now, home = p.book, cluster.now, p.book.home
-    S = set(servers)
-    for s in servers:
-        for jid in book.members[s]:
-            S.update(home[jid])
-    jobs = list({jid: cluster.jobs[jid] for s in sorted(S) for jid in book.members[s]}.values())
+    S, jobs = group(p, cluster, servers)
     keep, chosen_slots = choose(p, [slot(p, j, now) for j in jobs],
                                 {s: cluster.nodes[s].size for s in S}, now, tick)
     chosen = [cluster.jobs[s.id] for s in chosen_slots]
