@@ -589,3 +589,25 @@ def test_slices_go_round_robin_while_jobs_wait_for_a_place_on_a_server():
             assert {j for _, j in early} == {"a", "b"} and len(early) >= 8
         else:
             assert early == [(pytest.approx(60), "a"), (pytest.approx(120), "b")]
+
+
+def test_a_round_over_a_server_whose_gang_reaches_beyond_the_round_leaves_that_gang_be():
+    """Gangs chain servers: g1 runs on servers 0 and 1, g2 waits for servers 1 and 2. A round
+    on server 0 decides over servers 0 and 1 only; g2, with server 2 outside it, can take no
+    turn in it, and nothing moves (this raised a KeyError in ``rebalance`` on the Philly
+    list)."""
+    from gandiva.policies.gandiva.timeslice import rebalance
+
+    c = Cluster.build("3x4")
+    for jid in ("g1", "g2"):
+        c.observe(E.Arrival(0.0, JobSpec(jid, 0.0, 8, "resnet50", duration=1e6)))
+    c.apply(A.Place("g1", tuple(range(8))))
+    c.observe(E.Tick(60.0))
+    p = make_policy("gandiva")
+    p.book = Book.of(c)
+    p.book.assign(c.jobs["g1"], (0, 1))
+    p.book.assign(c.jobs["g2"], (1, 2))
+    p.book.last_start["g1"] = 0.0
+    rebalance(p, c, {0})
+    assert p.book.home == {"g1": (0, 1), "g2": (1, 2)}
+    assert list(rotate(p, c, {0}, tick=True)) == []

@@ -200,9 +200,11 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> None:
     at: dict[tuple[int, int], list[Slot]] = {}  # (server, width) -> waiting jobs run at home
     for sl in slots:
         if len(sl.home) > 1:  # a gang takes its servers whole, or is running on them
-            if sl.gpus or all(room[t] == size[t] for t in sl.home):
+            # (a gang with a server outside this round runs on if it runs, as in ``choose``)
+            if sl.gpus or all(t in room and room[t] == size[t] for t in sl.home):
                 for t in sl.home:
-                    room[t] = 0
+                    if t in room:
+                        room[t] = 0
             continue
         h, w = sl.home[0], len(sl.gpus) or sl.width
         if w <= room[h]:
