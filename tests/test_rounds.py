@@ -7,10 +7,12 @@ import dataclasses
 from collections import Counter
 
 import pytest
+from conftest import job
 
 from gandiva import actions as A
 from gandiva import events as E
 from gandiva.policies import make_policy
+from gandiva.policies.gandiva import quiet
 from gandiva.policies.gandiva.rounds import PLANNED
 from gandiva.sim.engine import SimConfig, SimResult, Simulator
 from gandiva.state import Cluster, InvariantError
@@ -124,3 +126,57 @@ def test_only_a_backend_that_carries_rounds_out_itself_is_given_a_plan():
                    SimConfig(timeline=False, fast_rounds=False)):
         sim = Simulator(Cluster.build("1x4"), make_policy("gandiva", 0), [], config=config)
         assert not sim.cluster.fast_rounds
+
+
+def test_under_the_default_rounds_that_would_change_nothing_are_put_off_with_the_same_run():
+    """``quiet.py``: the default's one slice order links every rotating server, so nothing is
+    planned; but a round that changed nothing is put off until a level or anything else
+    changes, failures and priority changes included, and the run is the one of every round."""
+    jobs = philly_stretch()
+    plans = [(t, jobs[i].id, 1) for t, i in ((20_000.0, 40), (90_000.0, 300))]
+    failures = [(50_000.0, 3), (130_000.0, 7)]
+    runs = {}
+    for fast in (False, True):
+        sim = Simulator(Cluster.build("12x4"), make_policy("gandiva", 0), jobs,
+                        config=SimConfig(timeline=False, fast_rounds=fast,
+                                         priority_changes=plans, failures=failures))
+        runs[fast] = sim.run(), sim.policy
+    (slow, _), (fast, policy) = runs[False], runs[True]
+    assert_same_run(slow, fast)
+    assert policy.plan_stats[quiet.PUT_OFF] > 100 and PLANNED not in policy.plan_stats
+    assert fast.counts["failures"] == 2
+
+
+def first_place(jobs, cluster: str, jid: str) -> dict[bool, float]:
+    """When ``jid`` first starts, with rounds put off (True) and with every round (False)."""
+    starts = {}
+    for fast in (False, True):
+        sim = Simulator(Cluster.build(cluster), make_policy("gandiva:-pack", 0), jobs,
+                        config=SimConfig(timeline=False, fast_rounds=fast))
+        execute = sim.execute
+
+        def noting(action, cluster, sim=sim, execute=execute, fast=fast) -> None:
+            if isinstance(action, A.Place) and action.job_id == jid:
+                starts.setdefault(fast, sim.now)
+            execute(action, cluster)
+
+        sim.execute = noting  # type: ignore[method-assign]
+        sim.run()
+    return starts
+
+
+def test_a_server_that_joins_the_next_round_keeps_it_from_being_put_off():
+    """a runs and c waits on server 0, b runs on server 1; d arrives just as a round falls
+    (600 s) and waits on server 1, whose round is the next one. The round at 600 s changed
+    nothing, but the next one, with server 1 in it, gives d its first turn: it is not put off."""
+    jobs = [job("a", 0, 1, 20_000), job("b", 10, 1, 20_000), job("c", 20, 1, 20_000),
+            job("d", 600, 1, 20_000)]
+    assert first_place(jobs, "2x1", "d") == {False: 660.0, True: 660.0}
+
+
+def test_an_arrival_just_as_a_put_off_round_would_fall_takes_that_round():
+    """a runs and c waits (their rounds are put off until a's level changes); d arrives at
+    1,200 s, a round's time, on the same server. Every round carried out, the round at 1,200 s
+    comes after the arrival and gives d its first turn: so it does with rounds put off."""
+    jobs = [job("a", 0, 1, 20_000), job("c", 20, 1, 20_000), job("d", 1200, 1, 20_000)]
+    assert first_place(jobs, "1x1", "d") == {False: 1200.0, True: 1200.0}

@@ -26,7 +26,15 @@ from dataclasses import dataclass, field
 
 from gandiva import actions as A
 from gandiva import events as E
-from gandiva.policies.gandiva import admission, elastic, migration, packing, rounds, timeslice
+from gandiva.policies.gandiva import (
+    admission,
+    elastic,
+    migration,
+    packing,
+    quiet,
+    rounds,
+    timeslice,
+)
 from gandiva.policies.gandiva.book import Book, Waiting
 from gandiva.policies.gandiva.placement import choose_server, gang_gpus, gang_servers, gpus_on
 from gandiva.state import Cluster, Job, JobStatus
@@ -60,6 +68,7 @@ class Gandiva:
     # the long-queue load (11x4): mean JCT 31,095 min by levels, 11,673 min with this, 20,856
     # min under LAS; first feedback 26,860 min against 5,055 min
     queue_roundrobin: bool = True
+    newcomers_first: bool = True
     # beyond the paper, off by default: when every server is at max_height, a newcomer takes
     # the place of the job with the most attained service (Tiresias' idea, cluster-wide); see
     # admission.py. It cuts the wait for first feedback under overload but, measured on the
@@ -108,6 +117,11 @@ class Gandiva:
         # planned (rounds.unquiet), or "planned": where the simulator's time goes
         self.plan_stats: Counter[str] = Counter()
         self._wake = -1.0
+        # bumped by whatever may change a round's outcome: quiet rounds (quiet.py) are put
+        # off while it stays the same
+        self.version = 0
+        self.quiet: quiet.Quiet | None = None
+        self.profiled: dict[str, tuple[float | None, float | None]] = {}  # quiet.news
         self.solo_mbt: dict[str, float] = {}
         self.packed_mbt: dict[str, float] = {}
         self.trials = packing.Trials()
@@ -152,16 +166,31 @@ class Gandiva:
             self.trials.changed(event.job_id)
         elif isinstance(event, E.Failure):
             self.trials.changed_all()
+        if isinstance(event, E.Tick) and self.quiet and self.quiet.until <= cluster.now + 1e-9:
+            self.quiet = None  # the put-off round is due
+        if isinstance(event, E.ProfileSample):
+            self.version += quiet.news(self, cluster, event)
+        elif not isinstance(event, E.Tick):
+            self.version += 1
+        before = self.version
         for action in self._decide(event, cluster):
             if not isinstance(action, A.Wake | A.Rounds | A.Thaw):
                 self.trials.changed(action.job_id)
+                self.version += 1
             yield action
+        if self.quiet is not None and self.version != self.quiet.version:
+            quiet.rouse(self, cluster)
+            yield from self._wake_up()
+        elif self._rounded and self.version == before:
+            quiet.declare(self, cluster)
+            yield from self._wake_up()
 
     def _decide(self, event: E.Event, cluster: Cluster) -> Iterator[A.Action]:
         if self.book is None:
             self.book = Book.of(cluster)
         touched: set[int] = set()
         self.ticking = isinstance(event, E.Tick)
+        self._rounded: set[int] = set()  # the servers of this tick's round (quiet.declare)
         if not isinstance(event, E.Arrival | E.ProfileSample):
             self._stuck = False
         arrived = None
@@ -213,6 +242,7 @@ class Gandiva:
         yield from rounds.thaw(self, cluster, slices, due=True)
         if slices:
             yield from self._refill(cluster, slices, tick=True)
+            self._rounded = slices  # (with their gangs' servers: rotate adds them)
         # (planned rounds are rounds too: see rounds.keep_lowering)
         if slices or self.planned and ("lower", -1) in due:
             if any(True for _ in cluster.nodes_with_free(cluster.max_free_bucket)):
@@ -258,6 +288,7 @@ class Gandiva:
             d.pop(job.id, None)
         self.trials.end(job.id)
         self.book.last_start.pop(job.id, None)
+        self.profiled.pop(job.id, None)
 
     def _refill(self, cluster: Cluster, servers: set[int], tick: bool) -> Iterator[A.Action]:
         """A round of time-slicing on ``servers`` (and packing where they stay over-subscribed)."""

@@ -149,7 +149,8 @@ def slice_key(p: Gandiva, s: Slot, now: float, tick: bool) -> tuple:
     if order == "las":
         turn: float = s.attained
     elif order == "levels":  # a job never run comes first, then by level
-        turn = bisect_right(LEVELS, s.attained + 1e-6) if s.started is not None else -1
+        turn = bisect_right(LEVELS, s.attained + 1e-6) if (
+            s.started is not None or not p.newcomers_first) else -1
     else:
         turn = s.started if s.started is not None else float("-inf")
     prio = -s.priority
@@ -226,6 +227,7 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> None:
                 continue  # it is suspended at home this round
             sl = stand_ins.pop()
         book.assign(cluster.jobs[sl.id], (dest,))
+        p.version += 1  # a move without an action yet (quiet.py)
 
 
 def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool) -> Iterator[A.Action]:
