@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 # rounds per plan: a longer plan costs more to work out when a touch ends it early
 PLAN_ROUNDS = 32
+BALANCE = "balance (one slice order across servers)"
 PLANNED = "planned"  # the plan_stats key of the servers whose rounds were planned
 # a group whose next round could not be planned is not tried again for this many rounds (its
 # rounds are carried out one by one meanwhile, as without plans: a matter of speed only)
@@ -49,6 +50,9 @@ def plan_quiet(p: Gandiva, cluster: Cluster, slicing: set[int]) -> Iterator[A.Ac
     """After a round: plan the next rounds of the quiet groups among ``slicing`` (servers
     with jobs waiting, whose next round is due), and take their servers out of it."""
     now = cluster.now
+    if p.balance:  # every group is linked to every other (``unquiet``): no need to find them
+        p.plan_stats[BALANCE] += len(slicing)
+        return
     for group in groups(p, slicing):
         if not slicing.issuperset(group):
             continue
@@ -100,7 +104,7 @@ def unquiet(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> str | Non
     if p.las_admission:
         return "las_admission (it reads attained service, which rounds change)"
     if p.balance:
-        return "balance (one slice order across servers)"
+        return BALANCE
     book, jobs = p.book, cluster.jobs
     members = [jobs[j] for s in servers for j in book.members[s]]
     if not members or len({j.priority for j in members}) > 1:
