@@ -612,31 +612,3 @@ def test_a_round_over_a_server_whose_gang_reaches_beyond_the_round_leaves_that_g
     assert p.book.home == {"g1": (0, 1), "g2": (1, 2)}
     assert list(rotate(p, c, {0}, tick=True)) == []
 
-
-def test_a_gang_next_in_the_slice_order_has_waiting_jobs_before_it_moved_off_its_servers():
-    """``clear_for_gangs``: gang g (servers 0 and 1) has had its first turn; newcomer n, on
-    server 0, comes before it in the order and would take a GPU there, so that g could not
-    run. Server 2 is empty: n moves there, and both run. Without it n runs at home and g
-    waits."""
-    from gandiva.policies.gandiva.timeslice import rebalance
-
-    for on in (True, False):
-        c = Cluster.build("3x4")
-        c.observe(E.Arrival(0.0, JobSpec("g", 0.0, 8, "resnet50", duration=1e6)))
-        c.apply(A.Place("g", tuple(range(8))))
-        c.observe(E.Tick(60.0))
-        c.apply(A.Suspend("g"))
-        c.observe(E.Arrival(100.0, JobSpec("n", 100.0, 1, "resnet50", duration=1e6)))
-        c.observe(E.Tick(120.0))
-        p = make_policy("gandiva:clear_for_gangs" if on else "gandiva")
-        p.book = Book.of(c)
-        p.book.assign(c.jobs["g"], (0, 1))
-        p.book.assign(c.jobs["n"], (0,))
-        p.book.last_start["g"] = 0.0
-        rebalance(p, c, {0, 1, 2})
-        actions = [(type(x).__name__, x.job_id, x.gpus) for x in rotate(p, c, {0, 1, 2}, True)]
-        if on:
-            assert p.book.home["n"] == (2,)
-            assert sorted(actions) == [("Place", "n", (8,)), ("Resume", "g", tuple(range(8)))]
-        else:
-            assert p.book.home["n"] == (0,) and actions == [("Place", "n", (0,))]

@@ -68,12 +68,6 @@ class Gandiva:
     # the long-queue load (11x4): mean JCT 31,095 min by levels, 11,673 min with this, 20,856
     # min under LAS; first feedback 26,860 min against 5,055 min
     queue_roundrobin: bool = True
-    # ...and a gang wider than a server, next in that order, takes its turn where the only
-    # jobs before it on its servers are waiting 1-server jobs that other servers have room
-    # for: they move there (timeslice.rebalance), as LAS would run them on any free GPUs.
-    # Without it a newcomer's first turn on one of a gang's servers stops the whole gang.
-    # Measured on pollux-6 at the long-queue load: gandiva/LAS mean JCT 1.090 -> 1.047
-    clear_for_gangs: bool = False
     # beyond the paper, off by default: when every server is at max_height, a newcomer takes
     # the place of the job with the most attained service (Tiresias' idea, cluster-wide); see
     # admission.py. It cuts the wait for first feedback under overload but, measured on the

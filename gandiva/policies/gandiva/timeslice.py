@@ -186,9 +186,7 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> None:
 
     The jobs the order runs are found greedily, each at home where it fits, else on the server
     with the most room left; then a running job that landed away from home swaps with a
-    waiting job of its width that landed at its home, so that only waiting jobs move. With
-    ``clear_for_gangs`` a gang whose servers hold only waiting 1-server jobs before it, which
-    fit elsewhere, has them moved there (``_clear``) and takes its turn.
+    waiting job of its width that landed at its home, so that only waiting jobs move.
     """
     book, now = p.book, cluster.now
     S, jobs = group(p, cluster, {s for s in servers if cluster.nodes[s].up})
@@ -200,12 +198,10 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> None:
     slots = sorted((slot(p, j, now) for j in jobs), key=lambda sl: slice_key(p, sl, now, True))
     away: dict[str, int] = {}  # 1-server jobs the order runs off their home -> where
     at: dict[tuple[int, int], list[Slot]] = {}  # (server, width) -> waiting jobs run at home
-    taken: dict[int, list[Slot]] = {}  # server -> 1-server jobs the order runs there
     for sl in slots:
         if len(sl.home) > 1:  # a gang takes its servers whole, or is running on them
             # (a gang with a server outside this round runs on if it runs, as in ``choose``)
-            if sl.gpus or all(t in room and room[t] == size[t] for t in sl.home) or (
-                    p.clear_for_gangs and _clear(sl, room, size, taken, away, at, by_id)):
+            if sl.gpus or all(t in room and room[t] == size[t] for t in sl.home):
                 for t in sl.home:
                     if t in room:
                         room[t] = 0
@@ -213,7 +209,6 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> None:
         h, w = sl.home[0], len(sl.gpus) or sl.width
         if w <= room[h]:
             room[h] -= w
-            taken.setdefault(h, []).append(sl)
             if not sl.gpus:
                 at.setdefault((h, w), []).append(sl)
             continue
@@ -221,7 +216,6 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> None:
         if dest is not None:
             room[dest] -= w
             away[sl.id] = dest
-            taken.setdefault(dest, []).append(sl)
     for sl in slots:
         dest = away.get(sl.id)
         if dest is None:
@@ -276,36 +270,3 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool) -> Itera
             yield A.Place(job.id, tuple(gpus))
             book.last_start[job.id] = now
     servers.update(S)
-
-
-def _clear(gang: Slot, room: dict[int, int], size: dict[int, int],
-           taken: dict[int, list[Slot]], away: dict[str, int],
-           at: dict[tuple[int, int], list[Slot]], by_id: list[int]) -> bool:
-    """Can the waiting 1-server jobs before ``gang`` that took room on its servers run on other
-    servers instead, so that the gang takes its turn? If so they move there (in ``room``,
-    ``taken``, ``away``) and the answer is yes; a running job there, or no room, is a no."""
-    if not all(t in room for t in gang.home):
-        return False
-    blockers = [sl for t in gang.home for sl in taken.get(t, ())]
-    if any(sl.gpus for sl in blockers):
-        return False
-    if any(room[t] + sum(sl.width for sl in taken.get(t, ())) != size[t] for t in gang.home):
-        return False  # a gang took it
-    left = {t: room[t] for t in by_id if t not in gang.home}
-    dests = []
-    for sl in blockers:
-        dest = max((t for t in left if left[t] >= sl.width), key=lambda t: left[t], default=None)
-        if dest is None:
-            return False
-        left[dest] -= sl.width
-        dests.append(dest)
-    room.update(left)
-    for sl, dest in zip(blockers, dests, strict=True):
-        away[sl.id] = dest
-        taken.setdefault(dest, []).append(sl)
-        stand_ins = at.get((sl.home[0], sl.width), [])
-        if sl in stand_ins:
-            stand_ins.remove(sl)
-    for t in gang.home:
-        taken[t] = []
-    return True
