@@ -121,6 +121,7 @@ class Gandiva:
         self.version = 0
         self.quiet: quiet.Quiet | None = None
         self.profiled: dict[str, tuple[float | None, float | None]] = {}  # quiet.news
+        self._rounded: set[int] = set()  # the servers of this decision's round (quiet.declare)
         self.solo_mbt: dict[str, float] = {}
         self.packed_mbt: dict[str, float] = {}
         self.trials = packing.Trials()
@@ -189,7 +190,7 @@ class Gandiva:
             self.book = Book.of(cluster)
         touched: set[int] = set()
         self.ticking = isinstance(event, E.Tick)
-        self._rounded: set[int] = set()  # the servers of this tick's round (quiet.declare)
+        self._rounded = set()
         if not isinstance(event, E.Arrival | E.ProfileSample):
             self._stuck = False
         arrived = None

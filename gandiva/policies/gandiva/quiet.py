@@ -22,7 +22,6 @@ first half quantum (it keeps its turn in this round and competes in the next).
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -75,10 +74,10 @@ def declare(p: Gandiva, cluster: Cluster) -> None:
         if now - p.book.last_start.get(job.id, -math.inf) < q / 2:
             return  # it kept its turn in this round; in the next it competes
         attained = job.attained_at(now)
-        level = bisect_right(timeslice.LEVELS, attained + 1e-6)
-        if level < len(timeslice.LEVELS):
-            until = min(until, now + (timeslice.LEVELS[level] - 1e-6 - attained)
-                        / len(job.gpus))
+        level = timeslice.level(attained)
+        if level < len(timeslice.LEVELS):  # when ``timeslice.level`` will say the next one
+            limit = timeslice.LEVELS[level] - timeslice.LEVEL_TOLERANCE
+            until = min(until, now + (limit - attained) / len(job.gpus))
     # the last round before the level changes runs (it changes nothing) and puts off again
     wake = max(nxt, math.floor(until / q) * q) if until < math.inf else math.inf
     if wake <= nxt:

@@ -41,6 +41,12 @@ BY_SERVICE = ("las", "levels")  # the orders that read attained service
 # the GPUs a quantum at a time makes equal long jobs all end late (seven 8-GPU gangs on 8
 # GPUs, gavel-philly-23dbec: 2.8 h mean JCT under round-robin against LAS's 2.1 h)
 LEVELS = Las.queue_limits
+LEVEL_TOLERANCE = 1e-6  # GPU-seconds: float rounding at a limit must not keep a job below it
+
+
+def level(attained: float) -> int:
+    """The attained-service level of a job with ``attained`` GPU-seconds (0: the first)."""
+    return bisect_right(LEVELS, attained + LEVEL_TOLERANCE)
 
 if TYPE_CHECKING:
     from gandiva.policies.gandiva import Gandiva
@@ -149,7 +155,7 @@ def slice_key(p: Gandiva, s: Slot, now: float, tick: bool) -> tuple:
     if order == "las":
         turn: float = s.attained
     elif order == "levels":  # a job never run comes first, then by level
-        turn = bisect_right(LEVELS, s.attained + 1e-6) if s.started is not None else -1
+        turn = level(s.attained) if s.started is not None else -1
     else:
         turn = s.started if s.started is not None else float("-inf")
     prio = -s.priority
