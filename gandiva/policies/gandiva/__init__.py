@@ -292,9 +292,8 @@ class Gandiva:
 
     def _refill(self, cluster: Cluster, servers: set[int], tick: bool) -> Iterator[A.Action]:
         """A round of time-slicing on ``servers`` (and packing where they stay over-subscribed)."""
-        if tick and self.balance:
-            timeslice.rebalance(self, cluster, servers)
-        yield from timeslice.rotate(self, cluster, servers, tick)
+        ready = timeslice.rebalance(self, cluster, servers) if tick and self.balance else None
+        yield from timeslice.rotate(self, cluster, servers, tick, ready)
         slicing = set()
         for server in sorted(servers):
             waiting = self.book.has_waiting(server, cluster)  # spreading out leaves it so

@@ -141,8 +141,11 @@ class Book:
     def has_waiting(self, server: int, cluster: Cluster) -> bool:
         """Does a job assigned to ``server`` wait for a time slice? (``waiting`` without the
         list, for the checks made at every round.)"""
-        jobs = cluster.jobs
-        return any(jobs[j].status is not JobStatus.RUNNING for j in self.members[server])
+        jobs, running = cluster.jobs, JobStatus.RUNNING
+        for j in self.members[server]:
+            if jobs[j].status is not running:
+                return True
+        return False
 
     def waiting(self, server: int, cluster: Cluster) -> list[Job]:
         """Jobs assigned to ``server`` that are not running: they wait for a time slice."""

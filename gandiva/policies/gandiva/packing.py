@@ -160,6 +160,8 @@ def spread_out(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
     The move stays on the server, so it is the fast path: suspend to host memory, resume on
     the free GPU (no checkpoint), as when time-slicing.
     """
+    if not cluster.free_gpus(server):
+        return
     for gpu in cluster.nodes[server].gpus:
         jobs = cluster.gpus[gpu].jobs
         free = cluster.free_gpus(server)

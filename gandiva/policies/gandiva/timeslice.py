@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -99,15 +99,33 @@ class Slot:
 
 
 def slot(p: Gandiva, job: Job, now: float) -> Slot:
-    return Slot(job.id, job.priority, job.seq, job.num_gpus, p.book.home[job.id], job.gpus,
-                p.book.last_start.get(job.id), job.attained_at(now)
-                if p.slice_order in BY_SERVICE else 0.0, job.memory_gb)
+    return slots_of(p, (job,), now)[0]
 
 
-def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick: bool
-           ) -> tuple[set[str], list[Slot]]:
+def slots_of(p: Gandiva, jobs: Iterable[Job], now: float) -> list[Slot]:
+    """The jobs' slots at ``now`` (one loop: a round builds one for every job it decides over)."""
+    home, last_start = p.book.home, p.book.last_start
+    service = p.slice_order in BY_SERVICE
+    out = []
+    for job in jobs:
+        spec = job.spec
+        jid = spec.id
+        if not service:
+            attained = 0.0
+        elif job.run_since is None:
+            attained = job.attained
+        else:
+            attained = job.attained + (now - job.run_since) * len(job.gpus)
+        out.append(Slot(jid, job.priority, job.seq, spec.num_gpus, home[jid], job.gpus,
+                        last_start.get(jid), attained, job.memory_gb))
+    return out
+
+
+def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick: bool,
+           ordered: bool = False) -> tuple[set[str], list[Slot]]:
     """Who runs in the round at ``now`` on servers of ``size`` (gangs' servers all among
-    them): the running gangs that keep their GPUs, and the jobs chosen, in slice order.
+    them): the running gangs that keep their GPUs, and the jobs chosen, in slice order
+    (``slots`` are in it already if ``ordered``).
 
     In slice order, each job takes GPUs while its server has room; a gang takes whole servers
     and only when all of them still have all their room. On a ``tick`` (a round boundary)
@@ -134,9 +152,11 @@ def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick
     for s in slots:
         if s.id in keep:
             take(s)
+    rest = [s for s in slots if s.id not in keep]
+    if not ordered:
+        rest.sort(key=slice_key(p, now, tick))
     chosen: list[Slot] = []
-    for s in sorted((s for s in slots if s.id not in keep),
-                    key=lambda s: slice_key(p, s, now, tick)):
+    for s in rest:
         if len(s.home) > 1:
             fits = whole(s) and all(room[t] == size[t] for t in s.home)
         else:
@@ -147,29 +167,33 @@ def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick
     return keep, chosen
 
 
-def slice_key(p: Gandiva, s: Slot, now: float, tick: bool) -> tuple:
-    """A job's place in the slice order of a round at ``now`` (``choose``)."""
+def slice_key(p: Gandiva, now: float, tick: bool) -> Callable[[Slot], tuple]:
+    """A job's place in the slice order of a round at ``now`` (``choose``), as a sort key."""
     order = p.slice_order
     if p.queue_roundrobin and len(p.unassigned):
         order = "roundrobin"  # jobs wait for a place on a server: keep the places moving
-    if order == "las":
-        turn: float = s.attained
-    elif order == "levels":  # a job never run comes first, then by level
-        turn = level(s.attained) if s.started is not None else -1
-    else:
-        turn = s.started if s.started is not None else float("-inf")
-    prio = -s.priority
-    if not s.gpus:
-        return (prio, 1, turn, s.seq)
-    fresh = now - (s.started if s.started is not None else now) < p.quantum / 2
-    if not tick or fresh:
-        return (prio, 0, turn, s.seq)  # keeps its turn
-    if order != "roundrobin":
-        return (prio, 1, turn, s.seq)  # competes on attained service like the others
-    # round-robin: a job whose turn is over goes behind those waiting, and the one that
-    # has run longest gives way first (ordering it by when its turn began, like a waiting
-    # job, kept a job that never stopped first in line for ever)
-    return (prio, 2, -turn, s.seq)
+    half = p.quantum / 2
+
+    def key(s: Slot) -> tuple:
+        started = s.started
+        if order == "levels":  # a job never run comes first, then by level
+            turn: float = level(s.attained) if started is not None else -1
+        elif order == "las":
+            turn = s.attained
+        else:
+            turn = started if started is not None else float("-inf")
+        if not s.gpus:
+            return (-s.priority, 1, turn, s.seq)
+        if not tick or started is None or now - started < half:
+            return (-s.priority, 0, turn, s.seq)  # keeps its turn
+        if order != "roundrobin":
+            return (-s.priority, 1, turn, s.seq)  # competes on attained service like the others
+        # round-robin: a job whose turn is over goes behind those waiting, and the one that
+        # has run longest gives way first (ordering it by when its turn began, like a waiting
+        # job, kept a job that never stopped first in line for ever)
+        return (-s.priority, 2, -turn, s.seq)
+
+    return key
 
 
 def group(p: Gandiva, cluster: Cluster, servers: set[int]) -> tuple[set[int], list[Job]]:
@@ -184,7 +208,17 @@ def group(p: Gandiva, cluster: Cluster, servers: set[int]) -> tuple[set[int], li
     return S, list(jobs.values())
 
 
-def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> None:
+@dataclass(slots=True)
+class Round:
+    """What ``rebalance`` found, for ``rotate`` to go on from: the servers and jobs of the
+    round, and the jobs' slots in slice order (homes as rebalanced)."""
+
+    servers: set[int]
+    jobs: list[Job]
+    ordered: list[Slot]
+
+
+def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
     """One slice order across ``servers`` (those rotating now, with their gangs' servers), as
     LAS has one across the cluster: a waiting job whose own server has no room for it in this
     round, while another has room left after every job before it in that order, moves its
@@ -197,32 +231,49 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> None:
     book, now = p.book, cluster.now
     S, jobs = group(p, cluster, {s for s in servers if cluster.nodes[s].up})
     if len(S) < 2:
-        return
+        return None
     size = {s: cluster.nodes[s].size for s in S}
     room = dict(size)
     by_id = sorted(S)
-    slots = sorted((slot(p, j, now) for j in jobs), key=lambda sl: slice_key(p, sl, now, True))
+    # servers by room left: the most room anywhere is known without looking at every server,
+    # and most jobs that do not fit at home find it too small (a round of 100 crowded servers
+    # looked at every server for each such job)
+    with_room = [0] * (max(size.values()) + 1)
+    for r in room.values():
+        with_room[r] += 1
+    most = len(with_room) - 1
+
+    def take(t: int, gpus: int) -> None:
+        nonlocal most
+        with_room[room[t]] -= 1
+        room[t] -= gpus
+        with_room[room[t]] += 1
+        while most and not with_room[most]:
+            most -= 1
+
+    ordered = sorted(slots_of(p, jobs, now), key=slice_key(p, now, True))
     away: dict[str, int] = {}  # 1-server jobs the order runs off their home -> where
     at: dict[tuple[int, int], list[Slot]] = {}  # (server, width) -> waiting jobs run at home
-    for sl in slots:
+    for sl in ordered:
         if len(sl.home) > 1:  # a gang takes its servers whole, or is running on them
             # (a gang with a server outside this round runs on if it runs, as in ``choose``)
             if sl.gpus or all(t in room and room[t] == size[t] for t in sl.home):
                 for t in sl.home:
                     if t in room:
-                        room[t] = 0
+                        take(t, room[t])
             continue
         h, w = sl.home[0], len(sl.gpus) or sl.width
         if w <= room[h]:
-            room[h] -= w
+            take(h, w)
             if not sl.gpus:
                 at.setdefault((h, w), []).append(sl)
             continue
-        dest = max((t for t in by_id if room[t] >= w), key=lambda t: room[t], default=None)
-        if dest is not None:
-            room[dest] -= w
+        if w <= most:  # the server with the most room, the first by id of those
+            dest = next(t for t in by_id if room[t] == most)
+            take(dest, w)
             away[sl.id] = dest
-    for sl in slots:
+    moved = False
+    for sl in ordered:
         dest = away.get(sl.id)
         if dest is None:
             continue
@@ -232,16 +283,27 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> None:
                 continue  # it is suspended at home this round
             sl = stand_ins.pop()
         book.assign(cluster.jobs[sl.id], (dest,))
+        sl.home = (dest,)
+        moved = True
         p.version += 1  # a move without an action yet (quiet.py)
+    if moved:  # each server's jobs in assignment order, as ``group`` lists them
+        jobs = list({jid: cluster.jobs[jid] for s in by_id for jid in book.members[s]}.values())
+    return Round(S, jobs, ordered)
 
 
-def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool) -> Iterator[A.Action]:
+def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool,
+           ready: Round | None = None) -> Iterator[A.Action]:
     """A round on ``servers`` (plus the other servers of their gangs): who runs next
-    (``choose``), carried out."""
+    (``choose``), carried out. (``ready``: the round ``rebalance`` found on them.)"""
     book, now, home = p.book, cluster.now, p.book.home
-    S, jobs = group(p, cluster, servers)
-    keep, chosen_slots = choose(p, [slot(p, j, now) for j in jobs],
-                                {s: cluster.nodes[s].size for s in S}, now, tick)
+    if ready is not None:
+        S, jobs = ready.servers | servers, ready.jobs
+        keep, chosen_slots = choose(p, ready.ordered, {s: cluster.nodes[s].size for s in S},
+                                    now, tick, ordered=True)
+    else:
+        S, jobs = group(p, cluster, servers)
+        keep, chosen_slots = choose(p, slots_of(p, jobs, now),
+                                    {s: cluster.nodes[s].size for s in S}, now, tick)
     chosen = [cluster.jobs[s.id] for s in chosen_slots]
     run = keep | {j.id for j in chosen}
     # the highest priority given room on each server: a job is displaced only by a job of
