@@ -300,8 +300,8 @@ class Gandiva:
             if self.pack:
                 yield from packing.spread_out(self, cluster, server)
                 if waiting:
-                    yield from packing.try_pack(self, cluster, server)
-                    waiting = self.book.has_waiting(server, cluster)
+                    _, packed = yield from _noting(packing.try_pack(self, cluster, server))
+                    waiting = not packed or self.book.has_waiting(server, cluster)
             if waiting:
                 slicing.add(server)
         if tick and cluster.fast_rounds:  # plan the rounds of quiet groups ahead
