@@ -612,3 +612,34 @@ def test_a_round_over_a_server_whose_gang_reaches_beyond_the_round_leaves_that_g
     assert p.book.home == {"g1": (0, 1), "g2": (1, 2)}
     assert list(rotate(p, c, {0}, tick=True)) == []
 
+
+
+@pytest.mark.parametrize("busy, dest", [((1,), 2), ((1, 2), 1)])
+def test_a_job_the_slice_order_runs_off_its_server_goes_where_most_room_is_left(busy, dest):
+    """``balance``: server 0 (2 GPUs) runs a and b, and w, never run, waits there. In the one
+    slice order w comes first and takes a GPU at home, so b, running, has no room left at home
+    and w goes instead (only waiting jobs move) to the server with the most room left after
+    the jobs before it (the y jobs came first): server 2 when it is empty and server 1 runs a
+    job; server 1, the first by id, when both run one."""
+    from gandiva.policies.gandiva.timeslice import rebalance
+
+    c = Cluster.build("3x2")
+    running = {**{f"y{s}": 2 * s for s in busy}, "a": 0, "b": 1}  # y first come: before b
+    for jid in (*running, "w"):
+        c.observe(E.Arrival(0.0, JobSpec(jid, 0.0, 1, "resnet50", duration=1e6)))
+    for jid, gpu in running.items():
+        c.apply(A.Place(jid, (gpu,)))
+    c.observe(E.Tick(120.0))
+    p = make_policy("gandiva")
+    p.book = Book.of(c)
+    for jid, gpu in running.items():
+        p.book.assign(c.jobs[jid], (gpu // 2,))
+        p.book.last_start[jid] = 0.0
+    p.book.assign(c.jobs["w"], (0,))
+    ready = rebalance(p, c, {0, 1, 2})
+    assert p.book.home["w"] == (dest,)
+    assert {k: v for k, v in p.book.home.items() if k != "w"} == {
+        jid: (gpu // 2,) for jid, gpu in running.items()}
+    actions = list(rotate(p, c, {0, 1, 2}, tick=True, ready=ready))
+    assert [(type(x).__name__, x.job_id) for x in actions] == [("Place", "w")]
+    assert c.gpus[actions[0].gpus[0]].node == dest
