@@ -108,11 +108,9 @@ def try_pack(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
     priority, as time-slicing never suspends one for it: a sweep's promoted trials share
     their devices with no trial below them (the paper's AutoML ran its top configurations
     exclusively), where a trial let through for want of company was packed beside them."""
-    jobs, running = cluster.jobs, JobStatus.RUNNING
-    waiting = [j for j in map(jobs.__getitem__, p.book.members[server])
-               if j.status is not running and j.num_gpus == 1 and j.id in p.solo_mbt
-               and j.utilization is not None and j.memory_gb is not None
-               and j.id not in p.trials]
+    waiting = [j for j in p.book.waiting(server, cluster)
+               if j.num_gpus == 1 and j.id in p.solo_mbt and j.utilization is not None
+               and j.memory_gb is not None and j.id not in p.trials]
     if not waiting:
         return
     hosts = [cluster.jobs[j] for j in p.book.members[server]]

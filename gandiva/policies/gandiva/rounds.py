@@ -154,7 +154,7 @@ def plan(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> A.Rounds | s
     book, q = p.book, p.quantum
     order = list({j: None for s in servers for j in book.members[s]})
     jobs = [cluster.jobs[j] for j in order]
-    slots = [timeslice.slot(p, j, cluster.now) for j in jobs]
+    slots = timeslice.slots_of(p, jobs, cluster.now)
     attained = [j.attained for j in jobs]
     since = [j.run_since for j in jobs]
     size = {s: cluster.nodes[s].size for s in servers}

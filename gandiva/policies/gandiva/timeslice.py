@@ -98,27 +98,13 @@ class Slot:
     memory_gb: float | None = None
 
 
-def slot(p: Gandiva, job: Job, now: float) -> Slot:
-    return slots_of(p, (job,), now)[0]
-
-
 def slots_of(p: Gandiva, jobs: Iterable[Job], now: float) -> list[Slot]:
-    """The jobs' slots at ``now`` (one loop: a round builds one for every job it decides over)."""
+    """The jobs' slots at ``now``: what a round (``rotate``, ``rebalance``) or a plan
+    (``rounds.py``) decides over."""
     home, last_start = p.book.home, p.book.last_start
     service = p.slice_order in BY_SERVICE
-    out = []
-    for job in jobs:
-        spec = job.spec
-        jid = spec.id
-        if not service:
-            attained = 0.0
-        elif job.run_since is None:
-            attained = job.attained
-        else:
-            attained = job.attained + (now - job.run_since) * len(job.gpus)
-        out.append(Slot(jid, job.priority, job.seq, spec.num_gpus, home[jid], job.gpus,
-                        last_start.get(jid), attained, job.memory_gb))
-    return out
+    return [Slot(j.id, j.priority, j.seq, j.num_gpus, home[j.id], j.gpus, last_start.get(j.id),
+                 j.attained_at(now) if service else 0.0, j.memory_gb) for j in jobs]
 
 
 def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick: bool,
@@ -204,8 +190,13 @@ def group(p: Gandiva, cluster: Cluster, servers: set[int]) -> tuple[set[int], li
     for s in servers:
         for jid in book.members[s]:
             S.update(book.home[jid])
-    jobs = {jid: cluster.jobs[jid] for s in sorted(S) for jid in book.members[s]}
-    return S, list(jobs.values())
+    return S, members(p, cluster, S)
+
+
+def members(p: Gandiva, cluster: Cluster, servers: set[int]) -> list[Job]:
+    """The jobs of ``servers``, each once, by server then assignment order."""
+    return list({jid: cluster.jobs[jid] for s in sorted(servers)
+                 for jid in p.book.members[s]}.values())
 
 
 @dataclass(slots=True)
@@ -286,8 +277,8 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
         sl.home = (dest,)
         moved = True
         p.version += 1  # a move without an action yet (quiet.py)
-    if moved:  # each server's jobs in assignment order, as ``group`` lists them
-        jobs = list({jid: cluster.jobs[jid] for s in by_id for jid in book.members[s]}.values())
+    if moved:  # in the order ``group`` lists them now
+        jobs = members(p, cluster, S)
     return Round(S, jobs, ordered)
 
 
