@@ -298,16 +298,20 @@ class Gandiva:
         for server in sorted(servers):
             waiting = self.book.has_waiting(server, cluster)  # spreading out leaves it so
             if self.pack:
-                yield from packing.spread_out(self, cluster, server)
-                if waiting:
-                    _, packed = yield from _noting(packing.try_pack(self, cluster, server))
+                if cluster.free_gpus(server):  # (most servers of a round have none)
+                    yield from packing.spread_out(self, cluster, server)
+                guests = packing.guests(self, cluster, server) if waiting else None
+                if guests:
+                    _, packed = yield from _noting(packing.try_pack(self, cluster, server,
+                                                                    guests))
                     waiting = not packed or self.book.has_waiting(server, cluster)
             if waiting:
                 slicing.add(server)
         if tick and cluster.fast_rounds:  # plan the rounds of quiet groups ahead
             yield from rounds.plan_quiet(self, cluster, slicing)
+        at = timeslice.next_round(self, cluster.now)
         for server in sorted(slicing):
-            self.timer(timeslice.next_round(self, cluster.now), "slice", server)
+            self.timer(at, "slice", server)
 
     def _place_waiting(self, cluster: Cluster, arrived: Job | None = None
                        ) -> Iterator[A.Action]:

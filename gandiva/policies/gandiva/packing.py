@@ -99,20 +99,26 @@ def may_pair(p: Gandiva, a: Job, b: Job, memory_gb: float) -> bool:
             and frozenset((a.id, b.id)) not in p.bad_pairs)
 
 
-def try_pack(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
-    """Pack waiting 1-GPU jobs of ``server``, least-utilised first, each onto the GPU of the
-    least-utilised running job that shares no GPU yet, while memory fits.
+def guests(p: Gandiva, cluster: Cluster, server: int) -> list[Job]:
+    """The waiting jobs of ``server`` that ``try_pack`` may pack: on one GPU, profiled, and in
+    no trial (most rounds find none: the cheap test comes first)."""
+    jobs, running = cluster.jobs, JobStatus.RUNNING
+    return [j for j in map(jobs.__getitem__, p.book.members[server])
+            if j.status is not running and j.num_gpus == 1 and j.id in p.solo_mbt
+            and j.utilization is not None and j.memory_gb is not None
+            and j.id not in p.trials]
+
+
+def try_pack(p: Gandiva, cluster: Cluster, server: int, waiting: list[Job]
+             ) -> Iterator[A.Action]:
+    """Pack the ``waiting`` jobs of ``server`` (its ``guests``), least-utilised first, each
+    onto the GPU of the least-utilised running job that shares no GPU yet, while memory fits.
 
     Decision: never onto a job of higher priority than the guest's. A packed job runs slower
     (its GPU, or here its CPU cores, are shared), and a job is never slowed for one of lower
     priority, as time-slicing never suspends one for it: a sweep's promoted trials share
     their devices with no trial below them (the paper's AutoML ran its top configurations
     exclusively), where a trial let through for want of company was packed beside them."""
-    waiting = [j for j in p.book.waiting(server, cluster)
-               if j.num_gpus == 1 and j.id in p.solo_mbt and j.utilization is not None
-               and j.memory_gb is not None and j.id not in p.trials]
-    if not waiting:
-        return
     hosts = [cluster.jobs[j] for j in p.book.members[server]]
     hosts = [j for j in hosts if j.status is JobStatus.RUNNING and j.num_gpus == 1
              and j.utilization is not None and j.memory_gb is not None

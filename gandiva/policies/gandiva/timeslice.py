@@ -121,20 +121,21 @@ def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick
     changed) running jobs go before waiting ones of the same priority, so no turn is cut short
     but for a job of higher priority.
     """
-    room = dict(size)
-
-    def whole(s: Slot) -> bool:  # a gang whose every server is in this round
-        return all(t in room for t in s.home)
+    room, inside = dict(size), set(size)
+    used: set[int] = set()  # the servers some job took room on (room < size)
 
     def take(s: Slot) -> None:
         if len(s.home) > 1:
             for t in s.home:
                 if t in room:
                     room[t] = 0
+                    used.add(t)
         else:
             room[s.home[0]] -= len(s.gpus) or s.width
+            used.add(s.home[0])
 
-    keep = {s.id for s in slots if s.gpus and len(s.home) > 1 and not whole(s)}
+    # (a gang not ``inside`` has a server outside this round)
+    keep = {s.id for s in slots if s.gpus and len(s.home) > 1 and not inside.issuperset(s.home)}
     for s in slots:
         if s.id in keep:
             take(s)
@@ -144,7 +145,7 @@ def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick
     chosen: list[Slot] = []
     for s in rest:
         if len(s.home) > 1:
-            fits = whole(s) and all(room[t] == size[t] for t in s.home)
+            fits = inside.issuperset(s.home) and used.isdisjoint(s.home)
         else:
             fits = s.width <= room[s.home[0]]
         if fits:
@@ -185,11 +186,12 @@ def slice_key(p: Gandiva, now: float, tick: bool) -> Callable[[Slot], tuple]:
 def group(p: Gandiva, cluster: Cluster, servers: set[int]) -> tuple[set[int], list[Job]]:
     """``servers`` with the other servers of their gangs, and the jobs of them all (each once,
     by server then assignment order): what a round on ``servers`` decides over."""
-    book = p.book
+    home = p.book.home
     S = set(servers)
     for s in servers:
-        for jid in book.members[s]:
-            S.update(book.home[jid])
+        for jid in p.book.members[s]:
+            if len(home[jid]) > 1:
+                S.update(home[jid])
     return S, members(p, cluster, S)
 
 
@@ -234,11 +236,14 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
         with_room[r] += 1
     most = len(with_room) - 1
 
+    used: set[int] = set()  # the servers some job took room on (room < size)
+
     def take(t: int, gpus: int) -> None:
         nonlocal most
         with_room[room[t]] -= 1
         room[t] -= gpus
         with_room[room[t]] += 1
+        used.add(t)
         while most and not with_room[most]:
             most -= 1
 
@@ -248,7 +253,7 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
     for sl in ordered:
         if len(sl.home) > 1:  # a gang takes its servers whole, or is running on them
             # (a gang with a server outside this round runs on if it runs, as in ``choose``)
-            if sl.gpus or all(t in room and room[t] == size[t] for t in sl.home):
+            if sl.gpus or S.issuperset(sl.home) and used.isdisjoint(sl.home):
                 for t in sl.home:
                     if t in room:
                         take(t, room[t])
