@@ -575,6 +575,30 @@ def test_one_slice_order_across_servers_moves_a_waiting_job_where_it_ranks_high_
                                                                ("Resume", "b")]
 
 
+@pytest.mark.parametrize("spread", [True, False])
+def test_the_slice_order_spans_servers_that_do_not_time_slice_with_balance_all(spread):
+    """``balance_all``: old (2 GPUs) has had 4 GPU-hours on server 0 alone when a, b and c
+    (1 GPU, 1 h each) come; a and b take server 1 and c over-subscribes it. In one slice
+    order across every server c, never run, ranks above old: at the first round old is
+    suspended and c runs on server 0, as under LAS; old resumes when a and b end. With
+    the order across time-slicing servers only, server 0 is not in the round: c waits for a
+    and b's turns while old keeps its server."""
+    jobs = (job("old", 0, 2, 36_000), job("a", 7_200, 1, 3_600), job("b", 7_200, 1, 3_600),
+            job("c", 7_200, 1, 3_600))
+    result, sim = run("2x2", "gandiva:-pack" + (":balance_all=true" if spread
+                                                  else ":balance_all=false"), *jobs)
+    jct = jcts(result)
+    c_places = acts(result, A.Place, "c")
+    if spread:
+        assert acts(result, A.Suspend, "old")[0][0] == pytest.approx(7_260)
+        assert servers(sim.cluster, c_places[0][1]) == {0}
+        assert jct["c"] < 3_700 and jct["old"] > 39_000
+    else:
+        assert not acts(result, A.Suspend, "old") and jct["old"] == pytest.approx(36_000)
+        assert servers(sim.cluster, c_places[0][1]) == {1}
+        assert jct["c"] > 7_000
+
+
 def test_slices_go_round_robin_while_jobs_wait_for_a_place_on_a_server():
     """``queue_roundrobin``: with c queued (the one server is at max_height), a and b share
     the GPU a quantum each, so that places keep moving; without it, a (first come, same

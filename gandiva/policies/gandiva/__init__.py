@@ -11,9 +11,10 @@ Each introspective step can be switched off to measure it alone, e.g. ``gandiva:
 
 Beyond the paper, by default (issue 17: the paper's round-robin lost to LAS by up to 1.6x in
 mean JCT when jobs are wide): time slices ordered by attained-service level, a job never run
-first (``slice_order``); one slice order across the servers that rotate (``balance``); and
-round-robin while jobs wait for a place on a server (``queue_roundrobin``). The paper's
-policy is ``gandiva:slice_order=roundrobin:-balance``.
+first (``slice_order``); one slice order across the servers that rotate (``balance``), and
+across every server with jobs, time-slicing or not (``balance_all``); and round-robin while
+jobs wait for a place on a server (``queue_roundrobin``). The paper's policy is
+``gandiva:slice_order=roundrobin:-balance``.
 """
 
 from __future__ import annotations
@@ -62,6 +63,15 @@ class Gandiva:
     # high enough to run (timeslice.rebalance). Without it a short job waits behind its own
     # server's jobs while another server runs a job of a lower level
     balance: bool = True
+    # ...and that order spans every server with jobs, not only those time-slicing: a job
+    # alone on its server yields it, at a round, to waiting jobs of lower attained-service
+    # levels from crowded servers (they move there, timeslice.round_of), as under LAS.
+    # Decision: on. Without it, affinity placement piles the narrow jobs onto the few servers
+    # of their affinity while wide gangs hold the rest for hours: on gavel-philly-b436b2 at
+    # the short-queue load the 1-GPU jobs spent 42 min time-sliced out (0.9 under LAS, 20 s
+    # with it), and the policy lost to LAS by 7% there (1.07; with it 0.98). Over the policy
+    # matrix: at or below LAS in 67 of 88 cells, not 63 (README, policy-matrix-*.txt)
+    balance_all: bool = True
     # ...but round-robin while jobs wait for a place on a server (every server at max_height):
     # the places are few, and ordering by attained service starves the jobs that hold them, so
     # they hold them longest and newcomers queue behind. Measured on gavel-philly-6c71a0 at
@@ -239,6 +249,8 @@ class Gandiva:
         for s in list(slices):  # plans that end now: all their servers take the round
             if s in self.planned:
                 slices.update(self.planned[s].servers)
+        if slices:
+            slices = timeslice.round_of(self, cluster, slices)
         yield from rounds.thaw(self, cluster, slices, due=True)
         if slices:
             yield from self._refill(cluster, slices, tick=True)

@@ -1,7 +1,8 @@
 """Quiet rounds under ``balance`` (the default): rounds that would change nothing are not run.
 
-Under ``balance`` every server rotating at a round shares one slice order, so no group of
-servers can be planned apart from the rest (``rounds.py``). But a round that changed nothing
+Under ``balance`` every server rotating at a round (with ``balance_all``, every server with
+jobs) shares one slice order, so no group of servers can be planned apart from the rest
+(``rounds.py``). But a round that changed nothing
 (no suspend, resume, move or pack) is followed by the same round, as long as nothing changes:
 the slice order by ``levels`` reads a job's priority, whether it has run, its attained-service
 level and arrival, and of these only the level of a running job moves with time. So after
@@ -66,7 +67,7 @@ def declare(p: Gandiva, cluster: Cluster) -> None:
     servers = {s for (kind, s), at in p._armed.items() if kind == "slice" and at == nxt}
     if not servers or not servers <= p._rounded:
         return  # a server joins the next round (an arrival's): it may change what runs
-    _, jobs = timeslice.group(p, cluster, servers)
+    _, jobs = timeslice.group(p, cluster, timeslice.round_of(p, cluster, servers))
     until = math.inf
     for job in jobs:
         if job.status is not JobStatus.RUNNING:

@@ -8,7 +8,9 @@ Tiresias' attained-service levels, first come first served within a level; the p
 attained service. Packed jobs take their turns like the others (the packing step packs again
 after the round). A multi-GPU job is suspended and resumed as a whole. With ``balance`` (the
 default) the servers rotating at a round share one slice order (``rebalance``), as LAS has one
-across the cluster.
+across the cluster; with ``balance_all`` (the default too) every server with jobs joins the
+round (``round_of``), so that a job alone on its server yields it to waiting jobs of lower
+levels.
 
 Gangs wider than a server time-slice too (beyond the paper, which does not say how they share):
 such a gang belongs to whole servers and takes its turn on all of them at once. Rounds fall on
@@ -181,6 +183,14 @@ def slice_key(p: Gandiva, now: float, tick: bool) -> Callable[[Slot], tuple]:
         return (-s.priority, 2, -turn, s.seq)
 
     return key
+
+
+def round_of(p: Gandiva, cluster: Cluster, due: set[int]) -> set[int]:
+    """The servers of a round at which ``due`` rotate (``group`` adds their gangs' servers):
+    with ``balance_all``, every server up with jobs on it too."""
+    if not (p.balance and p.balance_all):
+        return due
+    return due | {s for s, node in enumerate(cluster.nodes) if node.up and p.book.members[s]}
 
 
 def group(p: Gandiva, cluster: Cluster, servers: set[int]) -> tuple[set[int], list[Job]]:
