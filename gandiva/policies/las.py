@@ -24,12 +24,23 @@ from gandiva.state import Cluster, Job, JobStatus
 
 Key = tuple[int, float, int, str]  # (level, submit time, arrival seq, job id)
 
+# 1 and 10 GPU-hours: most Philly jobs (median 19 min) finish in the top level; long jobs
+# sink below newcomers, which is what gives LAS its short mean JCT.
+QUEUE_LIMITS = (3_600.0, 36_000.0)
+# GPU-seconds: float rounding at a limit must not keep a job below it (nor re-arm the same
+# timer for ever)
+LEVEL_TOLERANCE = 1e-6
+
+
+def level(attained: float, limits: tuple[float, ...] = QUEUE_LIMITS) -> int:
+    """The attained-service level of a job with ``attained`` GPU-seconds (0: the first), at
+    ``limits``: the rule of this policy and of the gandiva policy's ``levels`` order."""
+    return bisect_right(limits, attained + LEVEL_TOLERANCE)
+
 
 @dataclass
 class Las:
-    # 1 and 10 GPU-hours: most Philly jobs (median 19 min) finish in the top level; long jobs
-    # sink below newcomers, which is what gives LAS its short mean JCT.
-    queue_limits: tuple[float, ...] = (3_600.0, 36_000.0)
+    queue_limits: tuple[float, ...] = QUEUE_LIMITS
     max_scan: int = 256  # waiting jobs examined per decision beyond those started
     name: str = "las"
     spec: str = "las"
@@ -41,8 +52,7 @@ class Las:
     _wake: float = -1.0
 
     def level(self, attained: float) -> int:
-        # the tolerance stops float rounding at a limit from re-arming the same timer forever
-        return bisect_right(self.queue_limits, attained + 1e-6)
+        return level(attained, self.queue_limits)
 
     def decide(self, event: E.Event, cluster: Cluster) -> Iterator[A.Action]:
         if isinstance(event, E.ProfileSample):

@@ -25,14 +25,13 @@ Philly), and narrow jobs placed on a running gang's servers wait for it to finis
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gandiva import actions as A
 from gandiva.policies.gandiva.placement import gpus_on
-from gandiva.policies.las import Las
+from gandiva.policies.las import LEVEL_TOLERANCE, QUEUE_LIMITS, level  # noqa: F401 (quiet.py)
 from gandiva.state import Cluster, Job, JobStatus
 
 ORDERS = ("roundrobin", "las", "levels")
@@ -42,13 +41,7 @@ BY_SERVICE = ("las", "levels")  # the orders that read attained service
 # jobs of one level take turns first come first served instead of round by round: sharing
 # the GPUs a quantum at a time makes equal long jobs all end late (seven 8-GPU gangs on 8
 # GPUs, gavel-philly-23dbec: 2.8 h mean JCT under round-robin against LAS's 2.1 h)
-LEVELS = Las.queue_limits
-LEVEL_TOLERANCE = 1e-6  # GPU-seconds: float rounding at a limit must not keep a job below it
-
-
-def level(attained: float) -> int:
-    """The attained-service level of a job with ``attained`` GPU-seconds (0: the first)."""
-    return bisect_right(LEVELS, attained + LEVEL_TOLERANCE)
+LEVELS = QUEUE_LIMITS  # (``level``, ``LEVEL_TOLERANCE``: the las policy's own rule)
 
 if TYPE_CHECKING:
     from gandiva.policies.gandiva import Gandiva
