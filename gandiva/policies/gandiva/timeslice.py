@@ -31,17 +31,17 @@ from typing import TYPE_CHECKING
 
 from gandiva import actions as A
 from gandiva.policies.gandiva.placement import gpus_on
-from gandiva.policies.las import LEVEL_TOLERANCE, QUEUE_LIMITS, level  # noqa: F401 (quiet.py)
+from gandiva.policies.las import level
 from gandiva.state import Cluster, Job, JobStatus
 
 ORDERS = ("roundrobin", "las", "levels")
-BY_SERVICE = ("las", "levels")  # the orders that read attained service
-# "levels": Tiresias' discretised LAS inside a round, at the las policy's levels (1 and 10
-# GPU-hours). A job never run still comes first (its first turn is its early feedback), but
-# jobs of one level take turns first come first served instead of round by round: sharing
-# the GPUs a quantum at a time makes equal long jobs all end late (seven 8-GPU gangs on 8
-# GPUs, gavel-philly-23dbec: 2.8 h mean JCT under round-robin against LAS's 2.1 h)
-LEVELS = QUEUE_LIMITS  # (``level``, ``LEVEL_TOLERANCE``: the las policy's own rule)
+# the orders that read attained service. "levels": Tiresias' discretised LAS inside a round,
+# at the las policy's levels (``las.level``: 1 and 10 GPU-hours). A job never run still comes
+# first (its first turn is its early feedback), but jobs of one level take turns first come
+# first served instead of round by round: sharing the GPUs a quantum at a time makes equal
+# long jobs all end late (seven 8-GPU gangs on 8 GPUs, gavel-philly-23dbec: 2.8 h mean JCT
+# under round-robin against LAS's 2.1 h)
+BY_SERVICE = ("las", "levels")
 
 if TYPE_CHECKING:
     from gandiva.policies.gandiva import Gandiva
