@@ -57,6 +57,9 @@ class Book:
     demand: list[int]  # per server: GPUs its jobs ask for in total
     size: list[int]
     home: dict[str, tuple[int, ...]] = field(default_factory=dict)  # job -> its servers
+    # per server: its members that span servers (gangs), so that a round finds the servers
+    # its gangs reach without looking at every member (``timeslice.group``)
+    gangs: list[dict[str, None]] = field(default_factory=list)
     last_start: dict[str, float] = field(default_factory=dict)  # for round-robin order
     # Indexes kept with ``members`` and ``demand``, so that placing an arrival looks at the few
     # servers that can take it, not at every server: servers by (height, id), all of them and
@@ -74,6 +77,7 @@ class Book:
         """Open a page for each server that joined the cluster since the book last looked."""
         for node in cluster.nodes[len(self.size):]:
             self.members.append({})
+            self.gangs.append({})
             self.demand.append(0)
             self.size.append(node.size)
             self._file(node.id)
@@ -99,6 +103,8 @@ class Book:
         for s in servers:
             self._unfile(s)
             self.members[s][job.id] = job.num_gpus
+            if share is None:
+                self.gangs[s][job.id] = None
             self.demand[s] += share if share is not None else self.size[s]
             self._file(s)
 
@@ -108,6 +114,7 @@ class Book:
         for s in servers:
             self._unfile(s)
             self.members[s].pop(job.id, None)
+            self.gangs[s].pop(job.id, None)
             self.demand[s] -= share if share is not None else self.size[s]
             self._file(s)
 

@@ -88,7 +88,7 @@ def groups(p: Gandiva, servers: set[int]) -> list[tuple[int, ...]]:
             continue
         group, todo = {s}, [s]
         while todo:
-            for jid in book.members[todo.pop()]:
+            for jid in book.gangs[todo.pop()]:  # (a 1-server job links nothing)
                 for t in book.home[jid]:
                     if t not in group:
                         group.add(t)

@@ -118,16 +118,22 @@ def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick
     """
     room, inside = dict(size), set(size)
     used: set[int] = set()  # the servers some job took room on (room < size)
+    open_ = len(room)  # servers with room left: none, and no later job fits
 
     def take(s: Slot) -> None:
+        nonlocal open_
         if len(s.home) > 1:
             for t in s.home:
                 if t in room:
+                    open_ -= room[t] > 0
                     room[t] = 0
                     used.add(t)
         else:
-            room[s.home[0]] -= len(s.gpus) or s.width
-            used.add(s.home[0])
+            t = s.home[0]
+            had = room[t]
+            room[t] = had - (len(s.gpus) or s.width)
+            open_ -= had > 0 >= room[t]
+            used.add(t)
 
     # (a gang not ``inside`` has a server outside this round)
     keep = {s.id for s in slots if s.gpus and len(s.home) > 1 and not inside.issuperset(s.home)}
@@ -139,6 +145,8 @@ def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick
         rest.sort(key=slice_key(p, now, tick))
     chosen: list[Slot] = []
     for s in rest:
+        if not open_:
+            break
         if len(s.home) > 1:
             fits = inside.issuperset(s.home) and used.isdisjoint(s.home)
         else:
@@ -189,12 +197,10 @@ def round_of(p: Gandiva, cluster: Cluster, due: set[int]) -> set[int]:
 def group(p: Gandiva, cluster: Cluster, servers: set[int]) -> tuple[set[int], list[Job]]:
     """``servers`` with the other servers of their gangs, and the jobs of them all (each once,
     by server then assignment order): what a round on ``servers`` decides over."""
-    home = p.book.home
+    home, gangs = p.book.home, p.book.gangs
     S = set(servers)
-    for s in servers:
-        for jid in p.book.members[s]:
-            if len(home[jid]) > 1:
-                S.update(home[jid])
+    for jid in {jid for s in servers for jid in gangs[s]}:
+        S.update(home[jid])
     return S, members(p, cluster, S)
 
 
@@ -251,9 +257,11 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
             most -= 1
 
     ordered = sorted(slots_of(p, jobs, now), key=slice_key(p, now, True))
-    away: dict[str, int] = {}  # 1-server jobs the order runs off their home -> where
+    away: list[tuple[Slot, tuple[int, ...]]] = []  # jobs the order runs off their home, where
     at: dict[tuple[int, int], list[Slot]] = {}  # (server, width) -> waiting jobs run at home
     for sl in ordered:
+        if not most:  # no room anywhere: no later job takes any
+            break
         if len(sl.home) > 1:  # a gang takes its servers whole, or is running on them
             # (a gang with a server outside this round runs on if it runs, as in ``choose``)
             if sl.gpus or S.issuperset(sl.home) and used.isdisjoint(sl.home):
@@ -270,19 +278,16 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
         if w <= most:  # the server with the most room, the first by id of those
             dest = next(t for t in by_id if room[t] == most)
             take(dest, w)
-            away[sl.id] = dest
+            away.append((sl, (dest,)))
     moved = False
-    for sl in ordered:
-        dest = away.get(sl.id)
-        if dest is None:
-            continue
+    for sl, dest in away:
         if sl.gpus:  # running: a waiting job run at its home goes to ``dest`` instead
             stand_ins = at.get((sl.home[0], len(sl.gpus)))
             if not stand_ins:
                 continue  # it is suspended at home this round
             sl = stand_ins.pop()
-        book.assign(cluster.jobs[sl.id], (dest,))
-        sl.home = (dest,)
+        book.assign(cluster.jobs[sl.id], dest)
+        sl.home = dest
         moved = True
         p.version += 1  # a move without an action yet (quiet.py)
     if moved:  # in the order ``group`` lists them now
@@ -305,15 +310,16 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool,
                                     {s: cluster.nodes[s].size for s in S}, now, tick)
     chosen = [cluster.jobs[s.id] for s in chosen_slots]
     run = keep | {j.id for j in chosen}
+    running = JobStatus.RUNNING
+    stopping = [job for job in jobs if job.status is running and job.id not in run]
     # the highest priority given room on each server: a job is displaced only by a job of
     # higher priority on its own server
     top: dict[int, int] = {}
-    for j in chosen:
-        for t in home[j.id]:
-            top[t] = max(top.get(t, j.priority), j.priority)
-    for job in jobs:
-        if job.status is not JobStatus.RUNNING or job.id in run:
-            continue
+    if stopping:
+        for j in chosen:
+            for t in home[j.id]:
+                top[t] = max(top.get(t, j.priority), j.priority)
+    for job in stopping:
         elsewhere = None
         if len(home[job.id]) == 1 and top.get(home[job.id][0], job.priority) > job.priority:
             elsewhere = free_elsewhere(p, cluster, home[job.id][0], job.num_gpus)
@@ -323,9 +329,7 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool,
             book.assign(job, (elsewhere,))
         else:
             yield A.Suspend(job.id)
-    for job in sorted(chosen, key=lambda j: -j.num_gpus):
-        if job.status is JobStatus.RUNNING:
-            continue
+    for job in sorted([j for j in chosen if j.status is not running], key=lambda j: -j.num_gpus):
         gpus: list[int] = []
         for t in home[job.id]:
             gpus.extend(gpus_on(cluster, t, min(job.num_gpus - len(gpus),
