@@ -355,6 +355,32 @@ def test_the_book_covers_a_server_that_joined_before_the_first_decision():
     assert sched.policy.book.size == [1, 2] and sched.policy.book.home["a"] == (1,)
 
 
+def test_the_books_gang_index_names_on_each_server_exactly_its_members_that_span_servers():
+    c = Cluster.build("3x2")
+    book = Book.of(c)
+    for i, n in enumerate((4, 1, 2, 4)):
+        c.observe(E.Arrival(i, JobSpec(f"j{i}", i, n, "resnet50", duration=1e6)))
+
+    def index_is_right() -> None:
+        for s in range(3):
+            spans = {j for j in book.members[s] if len(book.home[j]) > 1}
+            assert set(book.gangs[s]) == spans
+
+    book.assign(c.jobs["j0"], (0, 1))
+    book.assign(c.jobs["j1"], (0,))
+    book.assign(c.jobs["j2"], (2,))
+    book.assign(c.jobs["j3"], (1, 2))
+    index_is_right()
+    assert set(book.gangs[1]) == {"j0", "j3"} and set(book.gangs[2]) == {"j3"}
+    book.assign(c.jobs["j0"], (2, 0))  # a gang moved: its old server no longer names it
+    index_is_right()
+    assert set(book.gangs[1]) == {"j3"} and set(book.gangs[2]) == {"j0", "j3"}
+    book.assign(c.jobs["j3"], (1,))  # a gang assigned to one server is no gang there
+    book.release(c.jobs["j0"])
+    index_is_right()
+    assert book.gangs == [{}, {}, {}]
+
+
 # ---- beyond the paper: least-attained-service admission ------------------------------------
 
 def test_full_cluster_admits_a_newcomer_in_place_of_the_most_served_job():
