@@ -3,12 +3,11 @@
 Python's sqlite3 releases the GIL around every ``sqlite3_step``, once per row. A reader then
 waits for the GIL to come back from a CPU-bound thread (the server's scheduler loop during a
 time-slicing round) at every row, up to the switch interval each time (the server's is 1 ms).
-This times ``Store.jobs`` (the API's page of jobs: the ORM, row by row) against the same page
-read as one row (SQLite's ``json_group_array``), alone and beside 1 and 2 threads spinning in
-pure Python, on a store of 20,000 jobs (issue 15: the page's p99 in rounds at 1,000 servers).
-Decision: the one-row read is a measurement only, not the store's code: SQLite 3.40's JSON
-writes a REAL with 15 significant digits, which loses the sub-millisecond part of a
-timestamp.
+This times ``Store.jobs`` (the API's page of jobs, read on SQLite as one row of
+``json_group_array``, timestamps through ``printf('%!.17g')``) against the same page read by
+the ORM row by row (as ``Store.jobs`` did before, and still does on PostgreSQL), alone and
+beside 1 and 2 threads spinning in pure Python, on a store of 20,000 jobs (issue 15: the
+page's p99 in rounds at 1,000 servers).
 
 Usage: python benchmarks/store_gil.py [--jobs 20000] [--page 50] [--reads 60]
 Prints a table and one JSON line.
@@ -29,9 +28,10 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy import text
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
 
-from gandiva.server.store import Store
+from gandiva.server.store import JobRow, Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from api_load import pct  # noqa: E402
@@ -40,9 +40,6 @@ SWITCH_INTERVAL_S = 0.001  # as the server's (gandiva/cli.py)
 INSERT = text("INSERT INTO jobs (id, user_id, name, spec, state, reason, priority, submitted_at,"
               " started_at, finished_at, submission_id) VALUES (:id, :user_id, :name, :spec,"
               " :state, '', 0, :at, NULL, NULL, NULL)")
-ONE_ROW = text("SELECT json_group_array(json_array(id, user_id, name, json(spec), state, reason,"
-               " priority, submitted_at, started_at, finished_at, submission_id)) FROM (SELECT *"
-               " FROM jobs WHERE user_id = :u ORDER BY submitted_at DESC, id DESC LIMIT :n)")
 
 
 def spin(stop: threading.Event) -> None:
@@ -80,11 +77,12 @@ def main() -> None:
     n = args.page + 1  # as the API reads a page: one more, to know if there is a next
 
     def rows() -> list:
-        return store.jobs(who, (), n)
+        with Session(store.engine, expire_on_commit=False) as s:
+            return list(s.scalars(select(JobRow).where(JobRow.user_id == who.id).order_by(
+                JobRow.submitted_at.desc(), JobRow.id.desc()).limit(n)))
 
     def one_row() -> list:
-        with store.engine.connect() as conn:
-            return json.loads(conn.execute(ONE_ROW, {"u": who.id, "n": n}).scalar())
+        return store.jobs(who, (), n)
 
     out = []
     for busy in (0, 1, 2):
@@ -93,8 +91,8 @@ def main() -> None:
         for t in threads:
             t.start()
         try:
-            for how, read in (("row by row (Store.jobs)", rows), ("one row (json_group_array)",
-                                                                  one_row)):
+            for how, read in (("row by row (the ORM)", rows), ("one row (Store.jobs)",
+                                                                 one_row)):
                 p50, p95 = timed(read, args.reads, n)
                 out.append({"busy_threads": busy, "read": how, "p50_ms": round(p50, 2),
                             "p95_ms": round(p95, 2)})

@@ -65,6 +65,49 @@ def test_jobs_and_events_persist_and_users_see_only_their_own(store, db_url):
     assert [j.id for j in reopened.jobs(root, states=("queued",))] == [b]
 
 
+def test_a_page_of_jobs_carries_every_column_exactly_in_order(store, db_url):
+    """Pages read as one row on SQLite (``store._one_row``): every column as the ORM reads
+    it, timestamps to the last bit, NULLs as None, newest first, with filters and cursors."""
+    from sqlalchemy import select, update
+    from sqlalchemy.orm import Session
+
+    from gandiva.server.store import JobRow
+
+    ada = store.principal(store.add_user("ada"))
+    ids = [store.submit(ada, job_request(f"j{i}", gpus=1 + i % 2,
+                                         labels={"team": "a" if i % 2 else "b"},
+                                         submission_id=f"s{i}" if i % 3 else None))
+           for i in range(7)]
+    store.record(ids[1], "placed", state="running")
+    store.record(ids[1], "finished", state="done", reason="ok")
+    with store.engine.begin() as conn:  # two jobs in one instant: the id breaks the tie
+        for i, jid in enumerate(ids):
+            at = 1764779321.1234567 + (i // 2) * 5e-7
+            conn.execute(update(JobRow).where(JobRow.id == jid).values(submitted_at=at))
+
+    def orm(**where) -> list[tuple]:
+        with Session(store.engine) as s:
+            q = select(JobRow).where(JobRow.user_id == ada.id).order_by(
+                JobRow.submitted_at.desc(), JobRow.id.desc())
+            if "state" in where:
+                q = q.where(JobRow.state == where["state"])
+            return [cols(r) for r in s.scalars(q)]
+
+    def cols(r) -> tuple:
+        return (r.id, r.user_id, r.name, r.spec, r.state, r.reason, r.priority,
+                r.submitted_at, r.started_at, r.finished_at, r.submission_id)
+
+    every = orm()
+    assert [cols(r) for r in store.jobs(ada)] == every
+    assert len({c[7] for c in every}) == 4  # sub-microsecond apart: equal in 15 digits
+    assert [cols(r) for r in store.jobs(ada, limit=3)] == every[:3]
+    assert [cols(r) for r in store.jobs(ada, limit=3, after=every[2][0])] == every[3:6]
+    assert [cols(r) for r in store.jobs(ada, states=("done",))] == orm(state="done")
+    assert {r.id for r in store.jobs(ada, labels={"team": "a"})} == set(ids[1::2])
+    done = store.jobs(ada, states=("done",))[0]
+    assert done.started_at <= done.finished_at and done.reason == "ok"
+
+
 def test_a_job_may_have_the_longest_name_a_spec_allows(store, db_url):
     ada = store.principal(store.add_user("ada"))
     name = "n" * 63
