@@ -191,9 +191,11 @@ def database_url(url: str) -> str:
 
 # A page of jobs from SQLite is read as one row: Python's sqlite3 releases the GIL around each
 # row's step, and a reader then waits up to the switch interval for it at every row while the
-# scheduler's loop computes (a page of 50 took 43 ms at the median beside one busy thread
-# instead of 3.5 ms; benchmarks/store_gil.py). Floats go through printf('%!.17g'), which
-# gives back every bit of a timestamp, where SQLite's JSON writes 15 significant digits.
+# scheduler's loop computes (a page of 50 beside one busy thread: 43 ms at the median row by
+# row against 3.5 ms as one row on one 2-core machine, 3.0 against 2.6 ms on another; alone,
+# 0.5 against 1.2 ms: benchmarks/store_gil.py). PostgreSQL's driver reads a result at once.
+# Floats go through printf('%!.17g'), which gives back every bit of a timestamp, where
+# SQLite's JSON writes 15 significant digits.
 _FLOATS = ("submitted_at", "started_at", "finished_at")
 _PAGE = literal_column("json_group_array(json_object(" + ", ".join(
     f"'{c}', " + (f"CASE WHEN {c} IS NULL THEN NULL ELSE printf('%!.17g', {c}) END"
