@@ -61,6 +61,9 @@ class Book:
     # its gangs reach without looking at every member (``timeslice.group``)
     gangs: list[dict[str, None]] = field(default_factory=list)
     last_start: dict[str, float] = field(default_factory=dict)  # for round-robin order
+    # counts the changes to ``home`` and the heights, so that a reader's snapshot copies them
+    # only when they changed (``explain.Seen.take``)
+    changes: int = 0
     # Indexes kept with ``members`` and ``demand``, so that placing an arrival looks at the few
     # servers that can take it, not at every server: servers by (height, id), all of them and
     # per affinity (``None``: no member).
@@ -76,6 +79,7 @@ class Book:
     def add_servers(self, cluster: Cluster) -> None:
         """Open a page for each server that joined the cluster since the book last looked."""
         for node in cluster.nodes[len(self.size):]:
+            self.changes += 1
             self.members.append({})
             self.gangs.append({})
             self.demand.append(0)
@@ -98,6 +102,7 @@ class Book:
 
     def assign(self, job: Job, servers: tuple[int, ...]) -> None:
         self.release(job)
+        self.changes += 1
         self.home[job.id] = servers
         share = job.num_gpus if len(servers) == 1 else None
         for s in servers:
@@ -110,6 +115,7 @@ class Book:
 
     def release(self, job: Job) -> None:
         servers = self.home.pop(job.id, ())
+        self.changes += 1
         share = job.num_gpus if len(servers) == 1 else None
         for s in servers:
             self._unfile(s)
