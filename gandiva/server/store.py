@@ -195,13 +195,14 @@ def database_url(url: str) -> str:
 # row against 3.5 ms as one row on one 2-core machine, 3.0 against 2.6 ms on another; alone,
 # 0.5 against 1.2 ms: benchmarks/store_gil.py). PostgreSQL's driver reads a result at once.
 # Floats go through printf('%!.17g'), which gives back every bit of a timestamp, where
-# SQLite's JSON writes 15 significant digits.
-_FLOATS = ("submitted_at", "started_at", "finished_at")
+# SQLite's JSON writes 15 significant digits. The columns are the table's, so a column a
+# migration adds is read too.
+_FLOATS = tuple(c.name for c in JobRow.__table__.columns if isinstance(c.type, Float))
 _PAGE = literal_column("json_group_array(json_object(" + ", ".join(
-    f"'{c}', " + (f"CASE WHEN {c} IS NULL THEN NULL ELSE printf('%!.17g', {c}) END"
-                  if c in _FLOATS else "json(spec)" if c == "spec" else c)
-    for c in ("id", "user_id", "name", "spec", "state", "reason", "priority", "submitted_at",
-              "started_at", "finished_at", "submission_id")) + "))")
+    f"'{c.name}', " + (f"CASE WHEN {c.name} IS NULL THEN NULL ELSE printf('%!.17g', {c.name}) END"
+                       if c.name in _FLOATS else f"json({c.name})" if isinstance(c.type, JSON)
+                       else c.name)
+    for c in JobRow.__table__.columns) + "))")
 
 
 def _one_row(s: Session, q: Any) -> list[JobRow]:
