@@ -334,6 +334,8 @@ def test_local_backend_time_slices_real_jobs_and_each_ends_as_if_alone(tmp_path)
 
 
 def test_policy_grows_an_elastic_job_into_an_idle_slot_then_shrinks_it_for_a_newcomer(tmp_path):
+    import threading
+
     from gandiva import actions as A
     from gandiva.backends.driver import Driver
     from gandiva.policies import make_policy
@@ -344,15 +346,26 @@ def test_policy_grows_an_elastic_job_into_an_idle_slot_then_shrinks_it_for_a_new
     eargs = ("--steps", "1500", "--seed", "2")
     backend.submit(JobSpec("e", 0.0, 1, "mlp", min_gpus=1, max_gpus=2),
                    launch("elastic_mlp.py", *eargs))
-    backend.submit(JobSpec("c", 6.0, 1, "cnn"), launch("cnn.py", "--steps", "300"))
-    result = backend.run(timeout=300)
+    out = {}
+    loop = threading.Thread(target=lambda: out.update(result=backend.run(timeout=300)))
+    loop.start()
+    # c arrives once e has grown (not at a fixed time: on a loaded machine e's start may
+    # take longer than any fixed time allows)
+    deadline = time.monotonic() + 120
+    while not any(isinstance(a, A.Grow) for _, a, _ in list(backend.actions)):
+        assert time.monotonic() < deadline and loop.is_alive()
+        time.sleep(0.05)
+    arrival = backend.now()
+    backend.submit(JobSpec("c", arrival, 1, "cnn"), launch("cnn.py", "--steps", "300"))
+    loop.join(timeout=300)
+    result = out["result"]
     assert [j.status for j in result.jobs] == ["done", "done"]
     acts = [(t, a) for t, a, _ in result.actions if a.job_id in ("e", "c")]
     (t_grow, grow), *_ = [(t, a) for t, a in acts if isinstance(a, A.Grow)]
     (t_shrink, shrink), = [(t, a) for t, a in acts if isinstance(a, A.Shrink)]
     (t_c, _), = [(t, a) for t, a in acts if isinstance(a, A.Place) and a.job_id == "c"]
     assert len(grow.gpus) == 2 and len(shrink.gpus) == 1
-    assert t_grow < 6.0 <= t_shrink <= t_c  # shrunk at once when c needed the slot
+    assert t_grow < arrival <= t_shrink <= t_c  # shrunk at once when c needed the slot
     # (after c leaves, e may grow again: the slot is idle once more)
     ref = reference(tmp_path, "elastic_mlp.py", *eargs)
     assert_identical(checkpoint.latest(backend.agent.checkpoint_dir("e"))[1], ref)
