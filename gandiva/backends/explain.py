@@ -88,8 +88,7 @@ class Seen:
         seen_jobs = dict(jobs) if fresh or last is None else last.jobs
         if book is None:
             home, height = {}, []
-        elif last is not None and self._book is not None and self._book[0] is book \
-                and self._book[1] == book.changes:
+        elif self._book is not None and self._book[0] is book and self._book[1] == book.changes:
             home, height = last.home, last.height
         else:
             home, height = dict(book.home), [book.height(s) for s in range(len(c.nodes))]

@@ -101,8 +101,7 @@ class Book:
         return None
 
     def assign(self, job: Job, servers: tuple[int, ...]) -> None:
-        self.release(job)
-        self.changes += 1
+        self.release(job)  # (counts the change)
         self.home[job.id] = servers
         share = job.num_gpus if len(servers) == 1 else None
         for s in servers:

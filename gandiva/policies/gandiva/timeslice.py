@@ -257,7 +257,7 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
             most -= 1
 
     ordered = sorted(slots_of(p, jobs, now), key=slice_key(p, now, True))
-    away: list[tuple[Slot, tuple[int, ...]]] = []  # jobs the order runs off their home, where
+    away: list[tuple[Slot, int]] = []  # 1-server jobs the order runs off their home, where
     at: dict[tuple[int, int], list[Slot]] = {}  # (server, width) -> waiting jobs run at home
     for sl in ordered:
         if not most:  # no room anywhere: no later job takes any
@@ -278,7 +278,7 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
         if w <= most:  # the server with the most room, the first by id of those
             dest = next(t for t in by_id if room[t] == most)
             take(dest, w)
-            away.append((sl, (dest,)))
+            away.append((sl, dest))
     moved = False
     for sl, dest in away:
         if sl.gpus:  # running: a waiting job run at its home goes to ``dest`` instead
@@ -286,8 +286,8 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
             if not stand_ins:
                 continue  # it is suspended at home this round
             sl = stand_ins.pop()
-        book.assign(cluster.jobs[sl.id], dest)
-        sl.home = dest
+        book.assign(cluster.jobs[sl.id], (dest,))
+        sl.home = (dest,)
         moved = True
         p.version += 1  # a move without an action yet (quiet.py)
     if moved:  # in the order ``group`` lists them now
