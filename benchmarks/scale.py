@@ -20,6 +20,7 @@ Printed per run:
   its last suspend and resume (``gandiva_settle_seconds{event="tick"}``), mean and worst,
   and its share of the quantum (goal: within 10%);
 - API p99 while rounds run (goal: < 100 ms), and per endpoint;
+- the garbage collector's pauses (every thread stops): seconds in all, full collections;
 - the server's memory (resident now, peak) and the database's size.
 Quantiles of the server's histograms are interpolated within their Prometheus buckets.
 
@@ -286,6 +287,8 @@ def run_one(servers: int, kind: str, args: argparse.Namespace, pool: Pool) -> di
     during = [(e, ms) for t, e, ms in prober.samples if t >= flood_end]
     flood = [ms for t, _, ms in prober.samples if t < flood_end]
     acts_b, acts_n, acts_s = histogram(end_metrics, "gandiva_action_seconds")
+    gc_b, _, gc_s = histogram(end_metrics, "gandiva_gc_pause_seconds")
+    _, gc_full, _ = histogram(end_metrics, "gandiva_gc_pause_seconds", ("generation", "2"))
     lat = load["latencies_ms"]
     return {
         "servers": servers, "gpus": servers * GPUS_PER_SERVER, "database": kind,
@@ -309,6 +312,8 @@ def run_one(servers: int, kind: str, args: argparse.Namespace, pool: Pool) -> di
         "api_p99_ms_by_endpoint": {e: round(pct([ms for x, ms in during if x == e], 0.99), 1)
                                    for e in sorted({e for e, _ in during})},
         "api_requests_during_rounds": len(during),
+        "gc_paused_s": round(gc_s, 2), "gc_full_collections": int(gc_full),
+        "gc_worst_bucket_s": worst(gc_b),
         "server_rss_mb": mem["VmRSS"], "server_peak_mb": mem["VmHWM"],
         "db_mb": round(size, 1), "server_crashes": crashes[:3],
     }
@@ -317,7 +322,8 @@ def run_one(servers: int, kind: str, args: argparse.Namespace, pool: Pool) -> di
 def show(rows: list[dict[str, Any]], quantum: float) -> None:
     t = Table(title=f"gandiva server on hollow nodes (8 GPUs a server, quantum {quantum:g} s)")
     for col in ("servers", "db", "subm/s", "subm p99", "decision p50/p99", "rounds",
-                "round mean (share)", "API p99 rounds", "API p99 flood", "RSS/peak MB",
+                "round mean (share)", "API p99 rounds", "API p99 flood", "GC paused (full)",
+                "RSS/peak MB",
                 "DB MB"):
         t.add_column(col, justify="right")
     for r in rows:
@@ -329,6 +335,7 @@ def show(rows: list[dict[str, Any]], quantum: float) -> None:
                   str(r["rounds"]),
                   f"{r['round_mean_s']} s ({share:.0%})" if share is not None else "-",
                   f"{r['api_p99_ms_during_rounds']:g} ms", f"{r['api_p99_ms_during_flood']:g} ms",
+                  f"{r['gc_paused_s']:g} s ({r['gc_full_collections']})",
                   f"{r['server_rss_mb']:g}/{r['server_peak_mb']:g}", f"{r['db_mb']:g}")
     console.print(t)
 

@@ -2,6 +2,7 @@
 users they can revoke and rotate, health endpoints. A real store (SQLite) and a real loop; the
 jobs queued here never need to run (no devices are free for them, or they are cancelled)."""
 
+import gc
 import shutil
 import socket
 import threading
@@ -282,3 +283,19 @@ def test_metrics_follow_prometheus_naming_with_counters_process_and_build_info(a
     assert "# TYPE gandiva_device_utilisation_ratio gauge" in text
     assert 'gandiva_build_info{python="' in text
     assert "process_resident_memory_bytes" in text and "python_info" in text
+
+
+def test_metrics_count_the_garbage_collectors_pauses_by_generation(api):
+    """Every thread waits while Python collects garbage, so the pauses are the server's."""
+    client, _, _, _ = api
+
+    def full_collections() -> float:
+        line = next((line for line in client.get("/metrics").text.splitlines()
+                     if line.startswith('gandiva_gc_pause_seconds_count{generation="2"}')),
+                    "0 0")
+        return float(line.split()[-1])
+
+    before = full_collections()
+    gc.collect()
+    gc.collect()
+    assert full_collections() >= before + 2  # (and any the test itself set off)

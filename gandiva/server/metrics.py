@@ -8,7 +8,8 @@ come with every histogram (``_count``), so suspend and migration counts are
 Names follow Prometheus' conventions: counters of what only grows end in ``_total``
 (``gandiva_jobs_submitted_total``, ``gandiva_jobs_finished_total{state}``,
 ``gandiva_job_restarts_total``), a 0..1 fraction in ``_ratio``, durations in ``_seconds``;
-the standard ``process_*`` and ``python_*`` metrics and ``gandiva_build_info`` come too.
+the standard ``process_*`` and ``python_info`` metrics, ``gandiva_build_info`` and the garbage
+collector's pauses (``gandiva_gc_pause_seconds{generation}``) come too.
 
 Decision: ``/metrics`` needs no token (Prometheus scrapes it); it shows aggregates only,
 never a job's id or its user.
@@ -16,7 +17,9 @@ never a job's id or its user.
 
 from __future__ import annotations
 
+import gc
 import platform
+import time
 from collections import Counter
 from importlib import metadata
 
@@ -42,6 +45,23 @@ from gandiva.spec import TERMINAL, JobState
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
            30, 60)
 STATES = tuple(JobState)
+
+# Python's garbage collector stops every thread while it runs, so its pauses are the API's
+# pauses too. One histogram for the process (collections are the process's), shown by every
+# server's registry; fed by ``gc.callbacks``, installed with the first ``Metrics``.
+GC_PAUSES = Histogram(
+    "gandiva_gc_pause_seconds", "Pauses of Python's garbage collector (every thread "
+    "waits), by the oldest generation collected", ["generation"], buckets=BUCKETS,
+    registry=None)
+_gc_started = 0.0
+
+
+def _on_gc(phase: str, info: dict) -> None:
+    global _gc_started
+    if phase == "start":
+        _gc_started = time.perf_counter()
+    else:
+        GC_PAUSES.labels(str(info["generation"])).observe(time.perf_counter() - _gc_started)
 
 
 class Metrics(Observer):
@@ -76,6 +96,9 @@ class Metrics(Observer):
             "version": _version(), "python": platform.python_version()})
         ProcessCollector(registry=self.registry)
         self.registry.register(PLATFORM_COLLECTOR)
+        self.registry.register(GC_PAUSES)
+        if _on_gc not in gc.callbacks:
+            gc.callbacks.append(_on_gc)
         self.registry.register(self)
         backend.observer = self
 
