@@ -35,3 +35,50 @@ def test_a_snapshot_copies_what_changed_and_keeps_the_last_ones_parts_that_did_n
     seen.touch(None)  # many jobs may have changed: everything is read again
     seen.take()
     assert set(seen.snapshot.jobs) == set(seen.snapshot.home) == {"a"}
+
+
+def test_who_waits_on_each_server_follows_rounds_moves_and_departures_and_shares_the_rest():
+    """A snapshot's ``waits`` is kept from the jobs touched and the jobs the book moved, not
+    from every job; it must equal a look at every job, and a server whose waiting jobs did not
+    change keeps the same tuple (the cluster view reuses its part for it)."""
+    sched, actions = drive("4x2", "gandiva:quantum=10",
+                           *[E.Arrival(float(i), job(f"j{i}", i, 1 + (i % 4 == 0), 1000))
+                             for i in range(14)])
+    seen = Seen(sched.cluster, sched.policy, [f"gpu{i}" for i in range(8)])
+    book = sched.policy.book
+
+    def every_job() -> list[tuple[str, ...]]:
+        return [tuple(sorted(j for j, servers in book.home.items() if s in servers and
+                             sched.cluster.jobs[j].status in ("suspended", "queued")))
+                for s in range(4)]
+
+    assert any(seen.snapshot.waits) and seen.snapshot.waits == every_job()
+    # rounds; then the jobs on server 0 leave, and jobs waiting elsewhere move to it (the
+    # book moves them; no action touches a job that waits on)
+    events: list = [E.Tick(10.0 * k) for k in range(1, 4)]
+    events += [E.Departure(40.0, j) for j in sorted(sched.cluster.jobs)
+               if book.home.get(j) == (0,)]
+    events += [E.Arrival(41.0, job("late", 41, 1, 1000)), E.Tick(50.0), E.Tick(60.0)]
+    kept = moved = 0
+    for event in events:
+        before, done = seen.snapshot.waits, len(actions)
+        sched.handle(event)
+        moved += len(book.moved)
+        for action in actions[done:]:
+            seen.touch(getattr(action, "job_id", None))
+        if isinstance(event, E.Arrival | E.Departure):  # as the driver touches them
+            seen.touch(event.job.id if isinstance(event, E.Arrival) else event.job_id)
+        seen.take()
+        after = seen.snapshot.waits
+        assert after == every_job(), event
+        kept += sum(a is b for a, b in zip(before, after, strict=True) if a == b)
+    assert kept  # some servers' lists were shared, not built again
+    assert moved and not book.moved  # moves were read, and emptied at each snapshot
+
+    # the book moves a waiting job to another server, with no action and no touch (as the
+    # policy's rounds may): it is seen waiting there, and no longer where it was
+    jid = next(j for j in seen.snapshot.waits[1] if book.home[j] == (1,))
+    book.assign(sched.cluster.jobs[jid], (2,))
+    seen.take()
+    assert jid in seen.snapshot.waits[2] and jid not in seen.snapshot.waits[1]
+    assert seen.snapshot.waits == every_job()

@@ -64,6 +64,10 @@ class Book:
     # counts the changes to ``home`` and the heights, so that a reader's snapshot copies them
     # only when they changed (``explain.Seen.take``)
     changes: int = 0
+    # the jobs whose home changed since a reader last emptied this set; None (the default,
+    # the simulator's) keeps none. A reader that sets it learns which jobs' homes to look at
+    # again rather than every job's (``explain.Seen.take``: who waits on each server)
+    moved: set[str] | None = None
     # Indexes kept with ``members`` and ``demand``, so that placing an arrival looks at the few
     # servers that can take it, not at every server: servers by (height, id), all of them and
     # per affinity (``None``: no member).
@@ -115,6 +119,8 @@ class Book:
     def release(self, job: Job) -> None:
         servers = self.home.pop(job.id, ())
         self.changes += 1
+        if self.moved is not None:
+            self.moved.add(job.id)
         share = job.num_gpus if len(servers) == 1 else None
         for s in servers:
             self._unfile(s)
