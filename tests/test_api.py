@@ -245,6 +245,18 @@ def test_cluster_view_metrics_and_event_stream_while_jobs_time_slice(server):
         view["nodes"][0]["time_sliced"]
     assert sorted(j["id"] for j in seen if j["id"]) == sorted(ids[:2])  # ada's, named
     assert [j["name"] for j in seen if j["id"] is None] == ["(another user)"]  # bob's
+    assert sum(j["mine"] for j in seen) == 2
+    # the same jobs as an admin sees them (all named, none theirs), and as bob does
+    for who, named, mine in ((auth(tokens["root"]), set(ids), set()),
+                             (bob, {ids[2]}, {ids[2]})):
+        def jobs(view: dict) -> list[dict]:
+            return [j for n in view["nodes"] for j in n["time_sliced"] +
+                    [j for d in n["devices"] for j in d["jobs"]]]
+
+        other = poll(lambda who=who: client.get("/v1/cluster", headers=who).json(),
+                     lambda v: len(jobs(v)) == 3)  # (none between two places)
+        assert {j["id"] for j in jobs(other)} - {None} == named
+        assert {j["id"] for j in jobs(other) if j["mine"]} == mine
     for job_id in ids:
         poll(lambda job_id=job_id: events_of(client, job_id, ada if job_id in ids[:2] else bob),
              lambda kinds: "suspended" in kinds, timeout=60)
