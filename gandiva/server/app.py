@@ -273,6 +273,12 @@ def unprocessable(field: str, msg: str) -> HTTPException:
                                        "type": "value_error"}])
 
 
+def _encoded(job_id: str, name: str) -> tuple[str, str]:
+    """A job in the cluster view, encoded as its owner and as an admin see it."""
+    return tuple(json.dumps({"id": job_id, "name": name, "mine": mine}, separators=(",", ":"))
+                 for mine in (True, False))
+
+
 class AsSeen(dict):
     """Job -> its encoding in the cluster view as one reader sees it, filled on first use
     (so that joining a device's jobs is one ``map``)."""
@@ -295,7 +301,6 @@ class Service:
         self.backend = backend
         self.base_dir = base_dir
         self.metrics = Metrics(backend)
-        self.owners: dict[str, tuple[int, str]] = {}  # job -> (user id, job name)
         self.max_unfinished_per_user = max_unfinished_per_user
         self.unfinished: collections.Counter[int] = collections.Counter()  # user id -> jobs
         self._counted: dict[str, int] = {}  # job id -> its user, while counted unfinished
@@ -307,7 +312,9 @@ class Service:
         # as that reader sees them)
         self._views: dict[int, tuple[dict[int, tuple[dict, str]], AsSeen]] = {}
         self._views_lock = threading.Lock()
-        self._jobs_json: dict[str, tuple[int | None, str, str]] = {}  # see _job_json
+        # job -> (its user, it encoded for the cluster view as its user and as an admin see
+        # it), from its submission until it ends (``_own``, ``_job_json``)
+        self._owned: dict[str, tuple[int, str, str]] = {}
         self._device_heads: dict[int, str] = {}  # device -> its part before its jobs, encoded
         backend.on_change = self._persist
         backend.on_flush = self._store
@@ -370,7 +377,7 @@ class Service:
         if not row.created:  # a concurrent retry stored it first
             return self._same(row, req)
         self.metrics.submitted.inc()
-        self.owners[row.id] = (who.id, req.name)
+        self._own(row.id, who.id, req.name)
         self.backend.submit(*to_scheduler(row.id, req, cwd), time_limit=req.time_limit)
         return row
 
@@ -406,7 +413,7 @@ class Service:
         self.sweeps.add(sweep_id, spec, [row.id for row in rows])  # before any can report
         for row, request, cwd in zip(rows, requests, cwds, strict=True):
             self.metrics.submitted.inc()
-            self.owners[row.id] = (who.id, request.name)
+            self._own(row.id, who.id, request.name)
             self.backend.submit(*to_scheduler(row.id, request, cwd),
                                 time_limit=request.time_limit)
         return sweep, rows
@@ -441,7 +448,7 @@ class Service:
                 update={"priority": row.priority})
             owner = self.store.owner(row.id)
             cwd = self.user_dir(owner) / req.workdir
-            self.owners[row.id] = (owner.id, row.name)
+            self._own(row.id, owner.id, row.name)
             self._count(row.id, owner.id)
             held = row.state == JobState.HELD
             if not held:
@@ -529,7 +536,7 @@ class Service:
                 hit = nodes[node["id"]] = (node, self._node_json(node, as_seen))
             parts.append(hit[1])
         rest = json.dumps({**{k: v for k, v in view.items() if k != "nodes"},
-                           "queue": [j if who.admin or self.owners.get(j, (None,))[0] == who.id
+                           "queue": [j if who.admin or self._owned.get(j, (None,))[0] == who.id
                                      else None for j in view["queue"]]},
                           separators=(",", ":"))
         return f'{rest[:-1]},"nodes":[{",".join(parts)}]}}'.encode()
@@ -553,18 +560,15 @@ class Service:
                 f'"time_sliced":[{",".join(map(job, node["time_sliced"]))}],'
                 f'"devices":[{",".join(devices)}]}}')
 
+    def _own(self, job_id: str, user: int, name: str) -> None:
+        """Whose the job is, and its encodings in the cluster view, made once as it is
+        submitted (on the API's thread, not when a reader first sees it in a view)."""
+        self._owned[job_id] = (user, *_encoded(job_id, name))
+
     def _job_json(self, job_id: str, who: Principal) -> str:
         """A job in the cluster view as ``who`` sees it, encoded: named if it is theirs or
-        they are an admin, else anonymous. Kept per job, as its owner and as an admin see it
-        (a job's owner and name never change)."""
-        known = self._jobs_json.get(job_id)
-        if known is None:
-            user, name = self.owners.get(job_id, (None, job_id))
-            known = (user, *(json.dumps({"id": job_id, "name": name, "mine": mine},
-                                        separators=(",", ":")) for mine in (True, False)))
-            if user is not None:  # (a job the server did not submit is not kept)
-                self._jobs_json[job_id] = known
-        user, as_owner, as_admin = known
+        they are an admin, else anonymous."""
+        user, as_owner, as_admin = self._owned.get(job_id) or (None, *_encoded(job_id, job_id))
         if user == who.id:
             return as_owner
         return as_admin if who.admin else ANONYMOUS_JOB
@@ -580,7 +584,7 @@ class Service:
         if state in TERMINAL:
             self._uncount(rec.spec.id)
             self.sweeps.forget(rec.spec.id)
-            self._jobs_json.pop(rec.spec.id, None)
+            self._owned.pop(rec.spec.id, None)
         self.metrics.changed(what, state)
         self._unstored.append(JobChange(rec.spec.id, what, data, state, reason))
 
