@@ -20,7 +20,7 @@ from gandiva.spec import TERMINAL, JobState
 from gandiva.state import Cluster, JobStatus
 
 QUEUE_SHOWN = 100  # the head of the queue in the cluster view (its length comes beside it)
-WAITING = ("suspended", "queued")  # a job's status while it waits on the servers it belongs to
+WAITING = (JobStatus.SUSPENDED, JobStatus.QUEUED)  # while a job waits on the servers it belongs to
 
 
 @dataclass(frozen=True)
