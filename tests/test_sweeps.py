@@ -297,7 +297,8 @@ def test_the_best_at_the_first_rung_leads_unsure_trials_wait_and_the_rest_resume
     trial of the sweep (on devices of its own), and the lead moves when a better one comes.
     Until every trial has had its first judgement, a trial let through at the first rung for
     want of company waits one priority below the sweep's (the trials not yet tried come
-    first); then the trials not promoted come back to the sweep's priority."""
+    first), and is judged again once others reach the rung; once every trial is judged, a
+    trial let through at a later rung comes back to the sweep's priority."""
     s = Sleeping(home, priority=5)
     lead = 5 + 2 + 1  # above a trial promoted at both rungs
     try:
@@ -307,21 +308,23 @@ def test_the_best_at_the_first_rung_leads_unsure_trials_wait_and_the_rest_resume
         assert priorities() == [5, 5, 5, 5]
         s.report(0, 1.0)  # first at the rung: continued, and waits; no lead without company
         assert priorities() == [4, 5, 5, 5]
-        s.report(1, 0.5)  # better than the one before: promoted, and it leads
-        s.report(2, 3.0)  # paused: held, it keeps its priority
+        assert "sweep-waits" in s.kinds(0)
+        s.report(1, 0.5)  # better than the one before: promoted, and it leads; trial 0,
+        # judged again against it, is paused (held, it keeps its priority)
+        assert [t["decision"] for t in s.trials()][:2] == ["paused", "promoted"]
+        s.report(2, 3.0)  # paused
         assert priorities() == [4, lead, 5, 5]
         # alone at the second rung, trial 1 is let through for want of company; the first
         # rung's values keep it in the lead
         s.report(1, 0.4, step=20)
-        assert [t["decision"] for t in s.trials()][:2] == ["continued", "continued"]
+        assert [t["decision"] for t in s.trials()][:2] == ["paused", "continued"]
         assert priorities() == [4, lead, 5, 5]
         assert "sweep-waits" not in s.kinds(1) and "sweep-leads" in s.kinds(1)
         s.report(3, 0.2)  # the best at the first rung: it leads; every trial is judged now
-        assert priorities() == [5, 5, 5, lead]
-        assert s.kinds(0).index("sweep-waits") < s.kinds(0).index("sweep-resumes")
+        assert priorities() == [4, 5, 5, lead]
         assert s.kinds(1).index("sweep-leads") < s.kinds(1).index("sweep-resumes")
         assert [t["decision"] for t in s.trials()] == \
-            ["continued", "continued", "paused", "promoted"]
+            ["paused", "continued", "paused", "promoted"]
     finally:
         s.up.crash()
 
@@ -337,13 +340,13 @@ def test_an_outranked_trial_is_paused_promoted_when_later_values_put_it_on_top_t
             return s.get(f"/v1/jobs/{s.jobs[trial]}")["state"]
 
         s.report(0, 1.0)  # alone at the rung: continued
-        s.report(1, 2.0)  # #2 of 2, the top 1 goes on: paused
-        assert [t["decision"] for t in s.trials()][:2] == ["continued", "paused"]
+        s.report(1, 2.0)  # #2 of 2, the top 1 goes on: paused; trial 0, judged again
+        assert [t["decision"] for t in s.trials()][:2] == ["promoted", "paused"]
         wait(lambda: state(1), lambda st: st == "held")  # its device is free
         s.report(2, 3.0)  # #3 of 3: paused
         s.report(3, 4.0)  # #4 of 4: paused; and now the top 2 of 4 includes trial 1
         assert [t["decision"] for t in s.trials()] == \
-            ["continued", "promoted", "paused", "paused"]
+            ["promoted", "promoted", "paused", "paused"]
         wait(lambda: state(1), lambda st: st in ("queued", "running"))  # back from its hold
         assert "sweep-unpaused" in s.kinds(1)
         assert state(2) != "cancelled"  # not while trials 0 and 1 may still put it on
@@ -353,6 +356,25 @@ def test_an_outranked_trial_is_paused_promoted_when_later_values_put_it_on_top_t
         assert [t["decision"] for t in done][2:] == ["stopped", "stopped"]
         assert done[2]["state"] == "cancelled"
         assert "rung 10: loss 3, #3 of 4 (not in the top 2 of 4)" in done[2]["reason"]
+    finally:
+        s.up.crash()
+
+
+def test_a_trial_let_through_alone_is_judged_again_when_others_reach_its_rung(home):
+    """Which trials a sweep pauses does not hang on the order they reach a rung: trials that
+    arrive worst first are each the best so far, yet the first, let through for want of
+    company, is judged again as the others come, and paused."""
+    s = Sleeping(home)
+    try:
+        s.report(0, 4.0)  # alone: continued
+        assert [t["decision"] for t in s.trials()][0] == "continued"
+        for trial, loss in ((1, 3.0), (2, 2.0), (3, 1.0)):  # each better than all before
+            s.report(trial, loss)
+        assert [t["decision"] for t in s.trials()] == \
+            ["paused", "promoted", "promoted", "promoted"]
+        assert "sweep-paused" in s.kinds(0)
+        paused = [e for e in s.get(f"/v1/jobs/{s.jobs[0]}/events") if e["kind"] == "sweep-paused"]
+        assert "rung 10: loss 4, #2 of 2" in str(paused[0])
     finally:
         s.up.crash()
 

@@ -10,6 +10,11 @@ promotes a paused configuration (Li et al., MLSys 2020), each new value at a run
 trials paused there again, against every value there now, and one now in the top goes on
 from its checkpoint. Once no trial of the sweep runs or waits to run, the paused ones are
 stopped: cancelled, with the reason saying at which rung, with what value and rank.
+Decision: a trial let through for want of company is judged again at that rung as soon as
+enough others have a value there (promoted, or paused), unless it has reached its next rung.
+Without this, which trials a sweep stops hung on the order in which they reached a rung:
+trials arriving worst first were each let through alone and then outranked by nobody before
+them, and a CI run of four trials (``tests/test_dashboard.py``) stopped none of them.
 Decision: pause, not stop at once. Stopping at the first judgement, against the few values a
 rung had so far, lost good trials to early company: with 16 trials of ``benchmarks/sweep.py``
 (seed 0, keeping half), a trial at loss 0.400 beside one other at 0.388 at rung 300 was
@@ -175,10 +180,7 @@ class Sweeps:
                               else "promoted" if verdict.sure else "continued")
             self._store(trial)
             if not verdict.go_on:
-                trial.why = why
-                self.service.store.record(trial.job_id, "sweep-paused", {"why": why})
-                self.service.backend.hold(trial.job_id)
-                log.info("paused %s: %s", trial.job_id, why)
+                self._pause(trial, why)
             elif verdict.sure:
                 trial.why = why
             else:
@@ -211,11 +213,16 @@ class Sweeps:
 
     def _revisit(self, sweep: Sweep, rung: int) -> None:
         """A value came in at ``rung``: promote the trials paused there that are now in the
-        rule's top (ASHA's promotion of a paused configuration)."""
+        rule's top (ASHA's promotion of a paused configuration), and judge the trials let
+        through there for want of company, now that they may have enough."""
         for trial in sweep.trials:
-            if trial.decision != "paused" or trial.ended or max(trial.rungs) != rung:
+            if (trial.decision not in ("paused", "continued") or trial.ended
+                    or max(trial.rungs) != rung):
                 continue
             verdict, why = sweep.verdict(trial, rung)
+            if trial.decision == "continued":
+                self._judge_again(trial, verdict, why)
+                continue
             if not verdict.go_on:
                 continue
             trial.decision = "promoted"
@@ -224,6 +231,25 @@ class Sweeps:
             self.service.store.record(trial.job_id, "sweep-unpaused", {"why": trial.why})
             self.service.backend.release(trial.job_id)
             log.info("unpaused %s: %s", trial.job_id, trial.why)
+
+    def _judge_again(self, trial: Trial, verdict: Verdict, why: str) -> None:
+        """A trial let through for want of company, judged against the company that came:
+        promoted if in the top, paused if not; left as it is while still too few."""
+        if not verdict.sure:
+            return
+        why = f"{why}, once others reached the rung"
+        trial.decision = "promoted" if verdict.go_on else "paused"
+        self._store(trial)
+        if verdict.go_on:
+            trial.why = why
+        else:
+            self._pause(trial, why)
+
+    def _pause(self, trial: Trial, why: str) -> None:
+        trial.why = why
+        self.service.store.record(trial.job_id, "sweep-paused", {"why": why})
+        self.service.backend.hold(trial.job_id)
+        log.info("paused %s: %s", trial.job_id, why)
 
     def _finish(self, sweep: Sweep) -> None:
         """Once no trial runs or waits to run, the paused ones are stopped: none can be

@@ -20,8 +20,8 @@ trial let through for want of company (the first to reach a rung) goes on at the
 had: raised, it would take the devices from the trials not yet judged and keep them until its
 next rung, and under strict priority classes a run of lucky early arrivals would screen the
 rest of the search out (measured: ``benchmarks/sweep.py``). For the same reason the server
-carries out a sure promotion only once every trial has been judged at the first rung
-(``gandiva/server/sweeps.py``).
+carries out a sure promotion only once every trial has been judged at the first rung, and
+judges a trial let through again once the rung has company for it (``gandiva/server/sweeps.py``).
 """
 
 from __future__ import annotations
