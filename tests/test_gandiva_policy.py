@@ -207,6 +207,20 @@ def test_packing_kept_when_it_beats_time_slicing():
     assert max(jcts(result).values()) < 1300
 
 
+def test_a_packed_pair_stays_packed_through_the_rounds_its_gpu_mate_runs_on():
+    """Rounds go on while y waits for x's GPU (they do not fit one together); on the other
+    GPU a and b pack. A round gives that GPU's one place to a, and b is not suspended at every
+    round only for packing to pack it again (a suspend and a resume each quantum)."""
+    result, _ = run("2x1:K80", "gandiva", job("x", 0, 1, 1800, model="inception4"),
+                    job("a", 5, 1, 1800, model="vae"), job("y", 10, 1, 1800, model="inception4"),
+                    job("b", 15, 1, 1800, model="vae"))
+    (t_pack, _), = acts(result, A.Pack, "b")  # once b has run alone (its profile)
+    # until x reaches its next attained-service level (one GPU-hour), the rounds change
+    # nothing, and go on
+    assert t_pack < 600 and [t for t, _ in acts(result, A.Wake) if t_pack < t < 3600]
+    assert [t for t, _ in acts(result, A.Suspend, "b") if t_pack < t < 3600] == []
+
+
 def test_a_waiting_job_is_never_packed_onto_a_job_of_higher_priority():
     # low runs first (so it is profiled alone); high takes the GPU at the next round. The
     # pair packs well (test_packing_kept_when_it_beats_time_slicing), but packing low beside
@@ -447,7 +461,7 @@ def test_an_arrival_after_a_scan_that_placed_nothing_decides_exactly_as_a_full_r
         return Simulator(Cluster.build(cluster), policy, jobs, reference_gpu="V100").run()
 
     fast, full = simulate(Counted()), simulate(FullRescan())
-    assert len(shortcuts) > count // 4  # the queue was long: the shortcut was taken often
+    assert len(shortcuts) > count // 5  # the queue was long: the shortcut was taken often
     assert fast.actions == full.actions
     assert jcts(fast) == jcts(full)
 
