@@ -117,7 +117,10 @@ class Gandiva:
             raise ValueError("quantum must be positive (seconds)")
         self.book: Book | None = None  # type: ignore[assignment]
         self.unassigned = Waiting()
-        self.timers: list[tuple[float, str, int]] = []
+        # timers by instant and kind, each with the servers armed then: a round arms one
+        # (every server's next round falls on the same instant)
+        self.timers: list[tuple[float, str]] = []
+        self.armed_at: dict[tuple[float, str], set[int]] = {}  # (when, kind) -> servers
         self._armed: dict[tuple[str, int], float] = {}  # (kind, server) -> when
         self.planned: dict[int, A.Rounds] = {}  # server -> its planned rounds (rounds.py)
         self.ticking = False  # the event being decided is a tick
@@ -152,21 +155,25 @@ class Gandiva:
     def timer(self, at: float, kind: str, server: int = -1) -> None:
         if (kind, server) not in self._armed:
             self._armed[kind, server] = at
-            heapq.heappush(self.timers, (at, kind, server))
+            servers = self.armed_at.get((at, kind))
+            if servers is None:
+                servers = self.armed_at[at, kind] = set()
+                heapq.heappush(self.timers, (at, kind))
+            servers.add(server)
 
     def cancel(self, kind: str, server: int = -1) -> None:
-        self._armed.pop((kind, server), None)  # its entry in the heap is skipped when due
-
-    def _live(self, entry: tuple[float, str, int]) -> bool:
-        return self._armed.get(entry[1:]) == entry[0]
+        at = self._armed.pop((kind, server), None)
+        if at is not None:  # (an instant left with no server is skipped when due)
+            self.armed_at[at, kind].discard(server)
 
     def _due(self, now: float) -> list[tuple[str, int]]:
+        """The timers due at ``now``, disarmed, by instant, kind and server."""
         due = []
         while self.timers and self.timers[0][0] <= now + 1e-9:
-            entry = heapq.heappop(self.timers)
-            if self._live(entry):
-                del self._armed[entry[1:]]
-                due.append(entry[1:])
+            at, kind = heapq.heappop(self.timers)
+            for server in sorted(self.armed_at.pop((at, kind))):
+                del self._armed[kind, server]
+                due.append((kind, server))
         return due
 
     # ---- the decision -------------------------------------------------------------------
@@ -286,8 +293,8 @@ class Gandiva:
 
     def _wake_up(self) -> Iterator[A.Action]:
         """Ask for a tick at the first timer, if it is not asked for already."""
-        while self.timers and not self._live(self.timers[0]):
-            heapq.heappop(self.timers)
+        while self.timers and not self.armed_at[self.timers[0]]:
+            del self.armed_at[heapq.heappop(self.timers)]
         if self.timers and self.timers[0][0] != self._wake:
             self._wake = self.timers[0][0]
             yield A.Wake(self._wake)

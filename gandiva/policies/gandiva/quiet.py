@@ -65,7 +65,7 @@ def declare(p: Gandiva, cluster: Cluster) -> None:
             or p.las_admission or len(p.unassigned) or p.elastic_jobs or p.planned):
         return
     nxt = timeslice.next_round(p, now)
-    servers = {s for (kind, s), at in p._armed.items() if kind == "slice" and at == nxt}
+    servers = set(p.armed_at.get((nxt, "slice"), ()))
     if not servers or not servers <= p._rounded:
         return  # a server joins the next round (an arrival's): it may change what runs
     _, jobs = timeslice.group(p, cluster, timeslice.round_of(p, cluster, servers))
