@@ -25,6 +25,7 @@ Philly), and narrow jobs placed on a running gang's servers wait for it to finis
 from __future__ import annotations
 
 import math
+from itertools import chain
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -199,15 +200,15 @@ def group(p: Gandiva, cluster: Cluster, servers: set[int]) -> tuple[set[int], li
     by server then assignment order): what a round on ``servers`` decides over."""
     home, gangs = p.book.home, p.book.gangs
     S = set(servers)
-    for jid in {jid for s in servers for jid in gangs[s]}:
-        S.update(home[jid])
+    S.update(chain.from_iterable({home[jid] for s in servers for jid in gangs[s]}))
     return S, members(p, cluster, S)
 
 
 def members(p: Gandiva, cluster: Cluster, servers: set[int]) -> list[Job]:
     """The jobs of ``servers``, each once, by server then assignment order."""
-    return list({jid: cluster.jobs[jid] for s in sorted(servers)
-                 for jid in p.book.members[s]}.values())
+    on = p.book.members
+    return list(map(cluster.jobs.__getitem__,
+                    dict.fromkeys(chain.from_iterable(on[s] for s in sorted(servers)))))
 
 
 @dataclass(slots=True)
