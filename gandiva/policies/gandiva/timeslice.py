@@ -25,9 +25,9 @@ Philly), and narrow jobs placed on a running gang's servers wait for it to finis
 from __future__ import annotations
 
 import math
-from itertools import chain
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING
 
 from gandiva import actions as A
@@ -332,7 +332,8 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool,
     # the highest priority given room on each server: a job is displaced only by a job of
     # higher priority on its own server
     top: dict[int, int] = {}
-    if stopping:
+    if stopping and max((j.priority for j in chosen), default=0) > min(
+            j.priority for j in stopping):  # (else none is displaced by a higher one)
         for j in chosen:
             for t in home[j.id]:
                 top[t] = max(top.get(t, j.priority), j.priority)
