@@ -135,7 +135,6 @@ class Gandiva:
         self.quiet: quiet.Quiet | None = None
         self.profiled: dict[str, tuple[float | None, float | None]] = {}  # quiet.news
         self._rounded: set[int] = set()  # the servers of this decision's round (quiet.declare)
-        self.round_jobs: list[Job] = []  # ...and its jobs, as rebalance found them
         self.solo_mbt: dict[str, float] = {}
         self.packed_mbt: dict[str, float] = {}
         self.trials = packing.Trials()
@@ -313,7 +312,6 @@ class Gandiva:
     def _refill(self, cluster: Cluster, servers: set[int], tick: bool) -> Iterator[A.Action]:
         """A round of time-slicing on ``servers`` (and packing where they stay over-subscribed)."""
         ready = timeslice.rebalance(self, cluster, servers) if tick and self.balance else None
-        self.round_jobs = ready.jobs if ready is not None else []
         yield from timeslice.rotate(self, cluster, servers, tick, ready)
         slicing = set()
         for server in sorted(servers):

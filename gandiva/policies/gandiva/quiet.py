@@ -68,8 +68,8 @@ def declare(p: Gandiva, cluster: Cluster) -> None:
     servers = set(p.armed_at.get((nxt, "slice"), ()))
     if not servers or not servers <= p._rounded:
         return  # a server joins the next round (an arrival's): it may change what runs
-    if p.balance_all and p.round_jobs:  # the round's jobs: every server's, none moved since
-        jobs = p.round_jobs
+    if p.balance_all:  # every server with jobs takes the round: every job with a home
+        jobs = timeslice.homed(p, cluster)
     else:
         _, jobs = timeslice.group(p, cluster, timeslice.round_of(p, cluster, servers))
     until = math.inf

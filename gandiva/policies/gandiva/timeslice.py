@@ -211,6 +211,11 @@ def members(p: Gandiva, cluster: Cluster, servers: set[int]) -> list[Job]:
                     dict.fromkeys(chain.from_iterable(on[s] for s in sorted(servers)))))
 
 
+def homed(p: Gandiva, cluster: Cluster) -> list[Job]:
+    """Every job with a home, in the order it got it."""
+    return list(map(cluster.jobs.__getitem__, p.book.home))
+
+
 @dataclass(slots=True)
 class Round:
     """What ``rebalance`` found, for ``rotate`` to go on from: the servers and jobs of the
@@ -232,7 +237,10 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
     waiting job of its width that landed at its home, so that only waiting jobs move.
     """
     book, now = p.book, cluster.now
-    S, jobs = group(p, cluster, {s for s in servers if cluster.nodes[s].up})
+    up = {s for s in servers if cluster.nodes[s].up}
+    # with balance_all the round is every server with jobs (``round_of``), and its jobs every
+    # job with a home, in the order they got it (a job's place in the round is its slice key)
+    S, jobs = (up, homed(p, cluster)) if p.balance_all else group(p, cluster, up)
     if len(S) < 2:
         return None
     size = {s: cluster.nodes[s].size for s in S}
@@ -292,7 +300,7 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
         moved = True
         p.version += 1  # a move without an action yet (quiet.py)
     if moved:  # in the order ``group`` lists them now
-        jobs = members(p, cluster, S)
+        jobs = homed(p, cluster) if p.balance_all else members(p, cluster, S)
     return Round(S, jobs, ordered)
 
 
