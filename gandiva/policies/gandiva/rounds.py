@@ -17,9 +17,9 @@ round in progress, exactly as if each round had been carried out, and the policy
 What stays event by event: everything under ``balance`` (the default), whose one slice order
 across the rotating servers links every group to every other (a job of one may move to
 another's room; there rounds that would change nothing are put off instead: ``quiet.py``);
-and groups where packing acts. Good pairs are packed again after
-every round that parted them, each time as a new trial, so on 8,000 Philly jobs (120x4) a
-trial or an untried pair kept ~90% of the groups' rounds from being planned.
+and groups where packing acts (on 8,000 Philly jobs on 120x4, a trial or an untried pair
+kept ~90% of the groups' rounds from being planned, measured when a round still parted
+packed pairs and packing packed them again, each time as a new trial).
 """
 
 from __future__ import annotations

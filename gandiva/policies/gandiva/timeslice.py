@@ -5,8 +5,8 @@ suspended for a lower-priority one), then by the slice order. By default (``leve
 that has never run goes first, which is what gives every job early feedback, then jobs by
 Tiresias' attained-service levels, first come first served within a level; the paper's
 ``roundrobin`` gives the GPU to the job that had it least recently, and ``las`` to the least
-attained service. Packed jobs take their turns like the others (the packing step packs again
-after the round). A multi-GPU job is suspended and resumed as a whole. With ``balance`` (the
+attained service. Packed jobs take their turns like the others, but one whose GPU-mate runs
+on stays packed (``stays_packed``), and the packing step packs after the round. A multi-GPU job is suspended and resumed as a whole. With ``balance`` (the
 default) the servers rotating at a round share one slice order (``rebalance``), as LAS has one
 across the cluster; with ``balance_all`` (the default too) every server with jobs joins the
 round (``round_of``), so that a job alone on its server yields it to waiting jobs of lower
