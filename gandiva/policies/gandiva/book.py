@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from sortedcontainers import SortedList
 
@@ -153,16 +154,9 @@ class Book:
 
     def crowded(self) -> list[int]:
         """Servers above height 1 (they time-slice), highest first, then by id."""
-        over = list(self.by_height.irange((1.0, float("inf")), inclusive=(False, True)))
-        out: list[int] = []  # the index's heights from the top, ids rising within each
-        end = len(over)
-        while end:
-            start = end - 1
-            while start and over[start - 1][0] == over[end - 1][0]:
-                start -= 1
-            out.extend(s for _, s in over[start:end])
-            end = start
-        return out
+        over = self.by_height.irange((1.0, float("inf")), inclusive=(False, True))
+        # (a sort with reverse=True keeps equal heights in the order they come: ids rising)
+        return [s for _, s in sorted(over, key=itemgetter(0), reverse=True)]
 
     def has_waiting(self, server: int, cluster: Cluster) -> bool:
         """Does a job assigned to ``server`` wait for a time slice? (``waiting`` without the
