@@ -216,6 +216,20 @@ def homed(p: Gandiva, cluster: Cluster) -> list[Job]:
     return list(map(cluster.jobs.__getitem__, p.book.home))
 
 
+def by_server(p: Gandiva, jobs: list[Job]) -> list[Job]:
+    """``jobs`` in the order ``members`` lists them: by their first server, then in the order
+    they joined it. (The order a round suspends jobs in: the simulator breaks ties between
+    events of one instant by it, so it is kept as it was when a round listed its jobs server
+    by server; on the whole Philly list another order moved mean JCT from 4.66 to 4.73 h.)"""
+    members, home = p.book.members, p.book.home
+
+    def place(job: Job) -> tuple[int, int]:
+        first = home[job.id][0]
+        return first, list(members[first]).index(job.id)
+
+    return sorted(jobs, key=place) if len(jobs) > 1 else jobs
+
+
 @dataclass(slots=True)
 class Round:
     """What ``rebalance`` found, for ``rotate`` to go on from: the servers and jobs of the
@@ -335,8 +349,8 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool,
     chosen = [cluster.jobs[s.id] for s in chosen_slots]
     run = keep | {j.id for j in chosen}
     running = JobStatus.RUNNING
-    stopping = [job for job in jobs if job.status is running and job.id not in run
-                and not stays_packed(cluster, job, run)]
+    stopping = by_server(p, [job for job in jobs if job.status is running and job.id not in run
+                             and not stays_packed(cluster, job, run)])
     # the highest priority given room on each server: a job is displaced only by a job of
     # higher priority on its own server
     top: dict[int, int] = {}
