@@ -6,11 +6,11 @@ that has never run goes first, which is what gives every job early feedback, the
 Tiresias' attained-service levels, first come first served within a level; the paper's
 ``roundrobin`` gives the GPU to the job that had it least recently, and ``las`` to the least
 attained service. Packed jobs take their turns like the others, but one whose GPU-mate runs
-on stays packed (``stays_packed``), and the packing step packs after the round. A multi-GPU job is suspended and resumed as a whole. With ``balance`` (the
-default) the servers rotating at a round share one slice order (``rebalance``), as LAS has one
-across the cluster; with ``balance_all`` (the default too) every server with jobs joins the
-round (``round_of``), so that a job alone on its server yields it to waiting jobs of lower
-levels.
+on stays packed (``stays_packed``), and the packing step packs after the round. A multi-GPU
+job is suspended and resumed as a whole. With ``balance`` (the default) the servers rotating
+at a round share one slice order (``rebalance``), as LAS has one across the cluster; with
+``balance_all`` (the default too) every server with jobs joins the round (``round_of``), so
+that a job alone on its server yields it to waiting jobs of lower levels.
 
 Gangs wider than a server time-slice too (beyond the paper, which does not say how they share):
 such a gang belongs to whole servers and takes its turn on all of them at once. Rounds fall on
