@@ -312,14 +312,22 @@ class Gandiva:
     def _refill(self, cluster: Cluster, servers: set[int], tick: bool) -> Iterator[A.Action]:
         """A round of time-slicing on ``servers`` (and packing where they stay over-subscribed)."""
         ready = timeslice.rebalance(self, cluster, servers) if tick and self.balance else None
-        yield from timeslice.rotate(self, cluster, servers, tick, ready)
+        jobs = yield from timeslice.rotate(self, cluster, servers, tick, ready)
+        # each server's waiting jobs, from the round's (spreading out and packing on a server
+        # leave the others' as they are; a round looked at every server's members twice)
+        home, running = self.book.home, JobStatus.RUNNING
+        waits: dict[int, list[Job]] = {}
+        for job in jobs:
+            if job.status is not running:
+                for s in home[job.id]:
+                    waits.setdefault(s, []).append(job)
         slicing = set()
         for server in sorted(servers):
-            waiting = self.book.has_waiting(server, cluster)  # spreading out leaves it so
+            waiting = server in waits  # spreading out leaves it so
             if self.pack:
                 if cluster.free_gpus(server):  # (most servers of a round have none)
                     yield from packing.spread_out(self, cluster, server)
-                guests = packing.guests(self, cluster, server) if waiting else None
+                guests = packing.guests(self, waits[server]) if waiting else None
                 if guests:
                     _, packed = yield from _noting(packing.try_pack(self, cluster, server,
                                                                     guests))

@@ -99,12 +99,10 @@ def may_pair(p: Gandiva, a: Job, b: Job, memory_gb: float) -> bool:
             and frozenset((a.id, b.id)) not in p.bad_pairs)
 
 
-def guests(p: Gandiva, cluster: Cluster, server: int) -> list[Job]:
-    """The waiting jobs of ``server`` that ``try_pack`` may pack: on one GPU, profiled, and in
-    no trial (most rounds find none: the cheap test comes first)."""
-    jobs, running = cluster.jobs, JobStatus.RUNNING
-    return [j for j in map(jobs.__getitem__, p.book.members[server])
-            if j.status is not running and j.num_gpus == 1 and j.id in p.solo_mbt
+def guests(p: Gandiva, waiting: list[Job]) -> list[Job]:
+    """The ``waiting`` jobs of a server that ``try_pack`` may pack: on one GPU, profiled, and
+    in no trial (most rounds find none: the cheap test comes first)."""
+    return [j for j in waiting if j.num_gpus == 1 and j.id in p.solo_mbt
             and j.utilization is not None and j.memory_gb is not None
             and j.id not in p.trials]
 

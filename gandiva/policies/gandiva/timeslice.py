@@ -25,7 +25,7 @@ Philly), and narrow jobs placed on a running gang's servers wait for it to finis
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING
@@ -334,9 +334,10 @@ def stays_packed(cluster: Cluster, job: Job, run: set[str]) -> bool:
 
 
 def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool,
-           ready: Round | None = None) -> Iterator[A.Action]:
+           ready: Round | None = None):  # -> Generator[A.Action, None, list[Job]]
     """A round on ``servers`` (plus the other servers of their gangs): who runs next
-    (``choose``), carried out. (``ready``: the round ``rebalance`` found on them.)"""
+    (``choose``), carried out; returns the jobs of those servers (``servers`` now holds them
+    all). (``ready``: the round ``rebalance`` found on them.)"""
     book, now, home = p.book, cluster.now, p.book.home
     if ready is not None:
         S, jobs = ready.servers | servers, ready.jobs
@@ -381,3 +382,4 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool,
             yield A.Place(job.id, tuple(gpus))
             book.last_start[job.id] = now
     servers.update(S)
+    return jobs
