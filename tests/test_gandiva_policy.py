@@ -207,18 +207,22 @@ def test_packing_kept_when_it_beats_time_slicing():
     assert max(jcts(result).values()) < 1300
 
 
-def test_a_packed_pair_stays_packed_through_the_rounds_its_gpu_mate_runs_on():
+def test_a_packed_pair_stays_packed_through_the_rounds_its_gpu_mate_runs_on_if_not_above():
     """Rounds go on while y waits for x's GPU (they do not fit one together); on the other
     GPU a and b pack. A round gives that GPU's one place to a, and b is not suspended at every
     round only for packing to pack it again (a suspend and a resume each quantum)."""
-    result, _ = run("2x1:K80", "gandiva", job("x", 0, 1, 1800, model="inception4"),
-                    job("a", 5, 1, 1800, model="vae"), job("y", 10, 1, 1800, model="inception4"),
-                    job("b", 15, 1, 1800, model="vae"))
+    specs = (job("x", 0, 1, 1800, model="inception4"), job("a", 5, 1, 1800, model="vae"),
+             job("y", 10, 1, 1800, model="inception4"), job("b", 15, 1, 1800, model="vae"))
+    result, _ = run("2x1:K80", "gandiva", *specs)
     (t_pack, _), = acts(result, A.Pack, "b")  # once b has run alone (its profile)
     # until x reaches its next attained-service level (one GPU-hour), the rounds change
     # nothing, and go on
     assert t_pack < 600 and [t for t, _ in acts(result, A.Wake) if t_pack < t < 3600]
     assert [t for t, _ in acts(result, A.Suspend, "b") if t_pack < t < 3600] == []
+    # but not beside a job of higher priority: raised, a slows down for nobody below it
+    raised, _ = run("2x1:K80", "gandiva", *specs, priority_changes=[(300.0, "a", 5)])
+    assert [t for t, _ in acts(raised, A.Suspend, "b") if t_pack < t < 3600] == [300.0]
+    assert len(acts(raised, A.Pack, "b")) == 1
 
 
 def test_a_waiting_job_is_never_packed_onto_a_job_of_higher_priority():
