@@ -16,14 +16,13 @@ Prints a table and one JSON line, and keeps the run in benchmarks/results/.
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import json
 import math
 import multiprocessing
 import time
-from pathlib import Path
 
+from paper.common import kept_stem
 from rich.console import Console
 from rich.table import Table
 
@@ -38,7 +37,6 @@ LOADS = {"short": 0.5, "long": 1.25}  # offered load: demand / cluster GPUs
 SERVER = 4
 QUICK = ("tiresias-60", "pollux-1", "pollux-4", "pollux-realistic-2", "gavel-minimize_makespan",
          "chronus-mix1")
-RESULTS = Path(__file__).parent / "results"
 
 
 def demand(trace: Trace) -> tuple[float, int]:
@@ -134,10 +132,8 @@ def main() -> None:
                        "gandiva": args.gandiva, "workers": args.workers,
                        "wall_s": round(wall, 1), "rows": rows})
     print(line)
-    RESULTS.mkdir(exist_ok=True)
     variant = "" if args.gandiva == "gandiva" else "-" + args.gandiva.replace(":", "_")
-    stem = RESULTS / (f"policy-matrix{'-quick' if args.quick else ''}{variant}-"
-                      f"{datetime.date.today().isoformat()}")
+    stem = kept_stem(f"policy-matrix{'-quick' if args.quick else ''}{variant}")
     stem.with_suffix(".txt").write_text(console.export_text(), encoding="utf-8")
     stem.with_suffix(".json").write_text(line + "\n", encoding="utf-8")
 

@@ -60,12 +60,23 @@ def compare(title: str, rows: list[tuple[str, float | None, float, str]],
     return record
 
 
+def kept_stem(name: str) -> Path:
+    """Where a run is kept: benchmarks/results/<name>-<date>, or -2, -3... after it if a run
+    of the same day is kept there already (a second run overwrote the first, which a commit
+    had quoted)."""
+    RESULTS.mkdir(exist_ok=True)
+    base = f"{name}-{datetime.date.today().isoformat()}"
+    stem, n = RESULTS / base, 2
+    while stem.with_suffix(".txt").exists() or stem.with_suffix(".json").exists():
+        stem, n = RESULTS / f"{base}-{n}", n + 1
+    return stem
+
+
 def emit(name: str, data: dict[str, Any]) -> None:
     """Print the JSON line, and keep this run: benchmarks/results/<name>-<date>.{txt,json} (the
     tables as printed, and the JSON), so the README's claims point at a file."""
     line = json.dumps({"benchmark": name, **data}, default=str)
     print(line)
-    stem = RESULTS / f"{name}-{datetime.date.today().isoformat()}"
-    RESULTS.mkdir(exist_ok=True)
+    stem = kept_stem(name)
     stem.with_suffix(".txt").write_text(console.export_text(), encoding="utf-8")
     stem.with_suffix(".json").write_text(line + "\n", encoding="utf-8")
