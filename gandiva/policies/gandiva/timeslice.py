@@ -138,23 +138,30 @@ def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick
 
     # (a gang not ``inside`` has a server outside this round)
     keep = {s.id for s in slots if s.gpus and len(s.home) > 1 and not inside.issuperset(s.home)}
-    for s in slots:
-        if s.id in keep:
-            take(s)
-    rest = [s for s in slots if s.id not in keep]
+    rest = slots
+    if keep:
+        for s in slots:
+            if s.id in keep:
+                take(s)
+        rest = [s for s in slots if s.id not in keep]
     if not ordered:
-        rest.sort(key=slice_key(p, now, tick))
+        rest = sorted(rest, key=slice_key(p, now, tick))
     chosen: list[Slot] = []
     for s in rest:
         if not open_:
             break
         if len(s.home) > 1:
-            fits = inside.issuperset(s.home) and used.isdisjoint(s.home)
-        else:
-            fits = s.width <= room[s.home[0]]
-        if fits:
+            if inside.issuperset(s.home) and used.isdisjoint(s.home):
+                chosen.append(s)
+                take(s)
+            continue
+        t = s.home[0]
+        had = room[t]
+        if s.width <= had:  # ``take(s)``, written out: most jobs of a round come here
             chosen.append(s)
-            take(s)
+            room[t] = had - (len(s.gpus) or s.width)
+            open_ -= had > 0 >= room[t]
+            used.add(t)
     return keep, chosen
 
 
@@ -293,8 +300,14 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
                         take(t, room[t])
             continue
         h, w = sl.home[0], len(sl.gpus) or sl.width
-        if w <= room[h]:
-            take(h, w)
+        r = room[h]
+        if w <= r:  # ``take(h, w)``, written out: most jobs of a round come here
+            with_room[r] -= 1
+            room[h] = r - w
+            with_room[r - w] += 1
+            used.add(h)
+            while most and not with_room[most]:
+                most -= 1
             if not sl.gpus:
                 at.setdefault((h, w), []).append(sl)
             continue
