@@ -135,6 +135,7 @@ class Cluster:
         for n in nodes:
             self._by_free[n.size][n.id] = None
         self.total_gpus = len(gpus)
+        self.smallest = min(n.size for n in nodes)  # GPUs of the smallest server
         self._free_total = len(gpus)  # free GPUs on up servers
         self._down_gpus = 0
 
@@ -287,6 +288,7 @@ class Cluster:
         while len(self._by_free) <= event.gpus:  # a server bigger than any before
             self._by_free.append({})
         self._by_free[event.gpus][nid] = None
+        self.smallest = min(self.smallest, event.gpus)
         self.total_gpus += event.gpus
         self._free_total += event.gpus
 

@@ -711,3 +711,29 @@ def test_a_job_the_slice_order_runs_off_its_server_goes_where_most_room_is_left(
     actions = list(rotate(p, c, {0, 1, 2}, tick=True, ready=ready))
     assert [(type(x).__name__, x.job_id) for x in actions] == [("Place", "w")]
     assert c.gpus[actions[0].gpus[0]].node == dest
+
+
+@pytest.mark.parametrize("spec", ["6x4", "3x4+2x8+3x2"])
+def test_the_quick_test_for_consolidated_room_never_denies_what_best_fit_would_find(spec):
+    """``migration.may_consolidate`` spares ``_lower_height`` a ``best_fit`` for a gang when
+    the fullest servers cannot hold it unspread. On random occupancies of uniform and mixed
+    servers it must say True wherever ``best_fit`` finds GPUs that are not spread, and it must
+    say False somewhere (else it spares nothing)."""
+    import random
+
+    from gandiva.policies.gandiva.migration import is_spread, may_consolidate
+    from gandiva.policies.placement import best_fit
+
+    rng, denied = random.Random(7), 0
+    for trial in range(300):
+        c = Cluster.build(spec)
+        for g in rng.sample(range(len(c.gpus)), rng.randrange(len(c.gpus))):
+            jid = f"j{g}"
+            c.observe(E.Arrival(0.0, JobSpec(jid, 0.0, 1, "resnet50", duration=1e6)))
+            c.apply(A.Place(jid, (g,)))
+        for count in range(2, 17):
+            gpus = best_fit(c, count)
+            found = gpus is not None and not is_spread(c, count, gpus)
+            assert may_consolidate(c, count) or not found, (trial, count, gpus)
+            denied += not may_consolidate(c, count) and gpus is not None
+    assert denied

@@ -152,14 +152,20 @@ class Gandiva:
         self._stuck = False
 
     # ---- timers -------------------------------------------------------------------------
-    def timer(self, at: float, kind: str, server: int = -1) -> None:
-        if (kind, server) not in self._armed:
-            self._armed[kind, server] = at
-            servers = self.armed_at.get((at, kind))
-            if servers is None:
-                servers = self.armed_at[at, kind] = set()
-                heapq.heappush(self.timers, (at, kind))
-            servers.add(server)
+    def timer(self, at: float, kind: str, *servers: int) -> None:
+        """Arm ``kind`` at ``at`` on each of ``servers`` (none: the policy's own, -1) where it
+        is not armed already. (A round arms a slice timer on every server it slices.)"""
+        armed, bucket = self._armed, None
+        for server in servers or (-1,):
+            if (kind, server) in armed:
+                continue
+            armed[kind, server] = at
+            if bucket is None:
+                bucket = self.armed_at.get((at, kind))
+                if bucket is None:
+                    bucket = self.armed_at[at, kind] = set()
+                    heapq.heappush(self.timers, (at, kind))
+            bucket.add(server)
 
     def cancel(self, kind: str, server: int = -1) -> None:
         at = self._armed.pop((kind, server), None)
@@ -336,9 +342,8 @@ class Gandiva:
                 slicing.add(server)
         if tick and cluster.fast_rounds:  # plan the rounds of quiet groups ahead
             yield from rounds.plan_quiet(self, cluster, slicing)
-        at = timeslice.next_round(self, cluster.now)
-        for server in sorted(slicing):
-            self.timer(at, "slice", server)
+        if slicing:
+            self.timer(timeslice.next_round(self, cluster.now), "slice", *sorted(slicing))
 
     def _place_waiting(self, cluster: Cluster, arrived: Job | None = None
                        ) -> Iterator[A.Action]:
@@ -442,6 +447,9 @@ class Gandiva:
                 if timeslice.is_gang(self, job):
                     # a time-sliced gang moves to whole free servers as soon as there are some
                     if job.num_gpus in no_room:
+                        continue
+                    if not migration.may_consolidate(cluster, job.num_gpus):
+                        no_room.add(job.num_gpus)
                         continue
                     gpus = yield from self._gang_gpus(job, cluster)
                     if gpus is None or migration.is_spread(cluster, job.num_gpus, gpus):

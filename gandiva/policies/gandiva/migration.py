@@ -41,6 +41,24 @@ def is_spread(cluster: Cluster, num_gpus: int, gpus: tuple[int, ...]) -> bool:
     return cluster.splits_sockets(gpus)
 
 
+def may_consolidate(cluster: Cluster, count: int) -> bool:
+    """Could ``best_fit`` find ``count`` free GPUs that are not spread (``is_spread``)? Not if
+    the servers with the most free GPUs, as many as a job of ``count`` may span on the
+    smallest servers, hold fewer than ``count``: ``best_fit`` takes the fullest servers first.
+    (A look at the fullest buckets, where ``best_fit`` sorts whole buckets to pick GPUs that
+    are then found spread: most of the calls for gangs when GPUs free up on a busy cluster.)"""
+    servers, found = ceil(count / cluster.smallest), 0
+    for have in range(cluster.max_free_bucket, 0, -1):
+        for _ in cluster.nodes_with_free(have):
+            found += have
+            if found >= count:
+                return True
+            servers -= 1
+            if not servers:
+                return False
+    return False
+
+
 def consolidate(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
     """Move spread jobs onto consolidated GPUs that have become free (a few per decision)."""
     moved = 0
