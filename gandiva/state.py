@@ -184,6 +184,9 @@ class Cluster:
         """GPUs on up servers that run at least one job."""
         return self.total_gpus - self._down_gpus - self._free_total
 
+    def up_gpus(self) -> int:
+        return self.total_gpus - self._down_gpus
+
     def nodes_with_free(self, count: int) -> Iterator[int]:
         """Up servers with exactly ``count`` free GPUs, in id order."""
         if count < len(self._by_free):

@@ -94,6 +94,10 @@ class Gandiva:
     # a packed pair must beat time-slicing's normalised throughput of 1.0 by this much;
     # profiles are noisy, and a pair that only ties is not worth its interference risk
     pack_min_gain: float = 0.05
+    # what a packed pair must beat (packing.pays): "gain", the paper's, time-slicing's
+    # throughput (the two normalised throughputs add up to more than 1 + pack_min_gain);
+    # "jct", running the two one after the other, the one with less attained service first
+    pack_rule: str = "gain"
     # elastic jobs grow into GPUs idle this long: long enough that a burst of arrivals is not
     # met by a job that must shrink again at once
     grow_idle_s: float = 300.0
@@ -113,6 +117,9 @@ class Gandiva:
         if self.slice_order not in timeslice.ORDERS:
             raise ValueError(f"slice_order must be one of {', '.join(timeslice.ORDERS)}, "
                              f"not {self.slice_order!r}")
+        if self.pack_rule not in packing.RULES:
+            raise ValueError(f"pack_rule must be one of {', '.join(packing.RULES)}, "
+                             f"not {self.pack_rule!r}")
         if self.quantum <= 0:
             raise ValueError("quantum must be positive (seconds)")
         self.book: Book | None = None  # type: ignore[assignment]
