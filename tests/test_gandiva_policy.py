@@ -469,6 +469,33 @@ def test_a_big_gang_clears_servers_of_long_served_jobs():
     assert jcts(result)["gang"] == pytest.approx(1000)  # two whole servers: no extra spread
 
 
+
+def test_a_newcomer_displaces_a_long_served_job_of_its_width_on_a_server_of_another_affinity():
+    # the server takes the 2-GPU job's affinity; the 1-GPU jobs fill its free GPUs, and
+    # "new" finds no place under max_height. Displacing only on servers of the newcomer's own
+    # affinity found no victim in 731,806 tries on gavel-philly-6c71a0 (long queue)
+    trace = (job("wide", 0, 2, 40_000), job("old1", 10, 1, 40_000), job("old2", 20, 1, 40_000),
+             job("new", 20_000, 1, 600))
+    result, _ = run("1x4", "gandiva:max_height=1:las_admission", *trace)
+    (t_new, _), = acts(result, A.Place, "new")
+    assert t_new == pytest.approx(20_000)
+    (t_old, _), = [a for a in acts(result, A.Suspend) if a[1].job_id.startswith("old")][:1]
+    assert t_old == pytest.approx(20_000)
+    assert jcts(result)["new"] == pytest.approx(600)
+    assert len(jcts(result)) == 4  # the one sent back to the queue finished later
+
+
+def test_a_big_gang_with_a_place_under_max_height_takes_its_turns_there_and_clears_nothing():
+    # with room to over-subscribe, the gang time-slices as any job does: clearing servers is
+    # for when there is no place at all (it changed short-queue cells where places abound)
+    small = [job(f"s{i}", 0, 1, 20_000) for i in range(8)]
+    result, _ = run("2x4", "gandiva:max_height=2:las_admission", *small,
+                    job("gang", 5000, 8, 1000))
+    (t, _), = acts(result, A.Place, "gang")
+    assert t > 5000  # at its first round, not at its arrival
+    assert not [a for a in acts(result, A.Suspend) if a[0] == pytest.approx(5000)]
+    assert len(jcts(result)) == 9
+
 # ---- the arrival shortcut ---------------------------------------------------------------------
 @pytest.mark.parametrize("trace_name,cluster,count", [("philly", "4x4", 600),
                                                       ("pollux-1", "4x4", 160)])

@@ -390,12 +390,15 @@ class Gandiva:
     def _place(self, cluster: Cluster, job: Job, first: bool = False):  # -> Generator[..., bool]
         if job.num_gpus > cluster.max_free_bucket:
             gpus = yield from self._gang_gpus(job, cluster)
-            if gpus is None and self.las_admission and first:
-                yield from admission.clear_servers(self, cluster, job)
-                gpus = yield from self._gang_gpus(job, cluster)
             if gpus is None:
                 servers = gang_servers(job, cluster, self.book, self.max_height,
                                        head=first) if self.oversubscribe else None
+                if servers is None and self.las_admission and first:
+                    # no place under max_height: clear whole servers of jobs with more
+                    # service, as a 1-server job displaces one (``admission``)
+                    yield from admission.clear_servers(self, cluster, job)
+                    gpus = yield from self._gang_gpus(job, cluster)
+            if gpus is None:
                 if servers is None:
                     return False
                 yield from rounds.thaw(self, cluster, servers)
