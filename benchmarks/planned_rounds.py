@@ -33,7 +33,7 @@ def main() -> None:
     ap.add_argument("--cluster", default="120x4")
     args = ap.parse_args()
     trace = load_trace(args.trace, jobs=args.jobs)
-    policy = Gandiva(slice_order="roundrobin", balance=False)  # the paper's: plans need -balance
+    policy = Gandiva(slice_order="roundrobin", balance=False, las_admission=False)  # the paper's
     t0 = time.perf_counter()
     result = Simulator(Cluster.build(args.cluster), policy, trace.jobs,
                        reference_gpu=trace.reference_gpu,

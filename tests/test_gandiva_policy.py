@@ -707,13 +707,14 @@ def test_the_slice_order_spans_servers_that_do_not_time_slice_with_balance_all(s
 
 
 def test_slices_go_round_robin_while_jobs_wait_for_a_place_on_a_server():
-    """``queue_roundrobin``: with c queued (the one server is at max_height), a and b share
+    """``queue_roundrobin`` (off by default since las_admission gives places back): with c
+    queued (the one server is at max_height), a and b share
     the GPU a quantum each, so that places keep moving; without it, a (first come, same
     level) keeps the GPU once b has had its first turn."""
     jobs = (job("a", 0, 1, 36_000), job("b", 10, 1, 36_000), job("c", 100, 1, 600))
     for on in (True, False):
-        flag = "" if on else ":-queue_roundrobin"
-        result, _ = run("1x1", f"gandiva:-pack:max_height=2{flag}", *jobs)
+        flag = ":queue_roundrobin" if on else ":-queue_roundrobin"
+        result, _ = run("1x1", f"gandiva:-pack:-las_admission:max_height=2{flag}", *jobs)
         assert not acts(result, A.Place, "c") or acts(result, A.Place, "c")[0][0] > 600
         early = [(t, a.job_id) for t, a in acts(result, A.Suspend) if t <= 600]
         if on:

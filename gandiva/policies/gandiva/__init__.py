@@ -12,9 +12,10 @@ Each introspective step can be switched off to measure it alone, e.g. ``gandiva:
 Beyond the paper, by default (issue 17: the paper's round-robin lost to LAS by up to 1.6x in
 mean JCT when jobs are wide): time slices ordered by attained-service level, a job never run
 first (``slice_order``); one slice order across the servers that rotate (``balance``), and
-across every server with jobs, time-slicing or not (``balance_all``); and round-robin while
-jobs wait for a place on a server (``queue_roundrobin``). The paper's policy is
-``gandiva:slice_order=roundrobin:-balance``.
+across every server with jobs, time-slicing or not (``balance_all``); and, when no server
+has a place for a newcomer, the place of the job with the most attained service
+(``las_admission``). The paper's policy is
+``gandiva:slice_order=roundrobin:-balance:-las_admission``.
 """
 
 from __future__ import annotations
@@ -72,17 +73,26 @@ class Gandiva:
     # with it), and the policy lost to LAS by 7% there (1.07; with it 0.98). Over the policy
     # matrix: at or below LAS in 67 of 88 cells, not 63 (README, policy-matrix-*.txt)
     balance_all: bool = True
-    # ...but round-robin while jobs wait for a place on a server (every server at max_height):
-    # the places are few, and ordering by attained service starves the jobs that hold them, so
-    # they hold them longest and newcomers queue behind. Measured on gavel-philly-6c71a0 at
-    # the long-queue load (11x4): mean JCT 31,095 min by levels, 11,673 min with this, 20,856
-    # min under LAS; first feedback 26,860 min against 5,055 min
-    queue_roundrobin: bool = True
-    # beyond the paper, off by default: when every server is at max_height, a newcomer takes
-    # the place of the job with the most attained service (Tiresias' idea, cluster-wide); see
-    # admission.py. It cuts the wait for first feedback under overload but, measured on the
-    # Chronus trace, more than doubles mean JCT (benchmarks/paper/beyond_las.py)
-    las_admission: bool = False
+    # when every server is at max_height (no place for a newcomer), the newcomer takes the
+    # place of the job of its width with the most attained service (Tiresias' idea,
+    # cluster-wide), which goes back to the queue, ordered by attained service; a gang with no
+    # place clears whole servers likewise (admission.py). Decision (2026-12-04): on. The
+    # places are few under a long queue, and ordering slices by level starves the jobs that
+    # hold them, so they hold them longest and newcomers queue behind (gavel-philly-6c71a0,
+    # long queue: first feedback 26,336 min). Giving the places back by attained service
+    # fixes that at its cause: over the policy matrix, with queue_roundrobin off, the
+    # geometric mean of gandiva/LAS goes 0.847 -> 0.835, no cell turns into a loss,
+    # tiresias-60 long 1.14 -> 1.01, 6c71a0 long 0.55 -> 0.37 (first feedback 4,969 -> 12
+    # min), philly long first feedback 43 -> 2.7 min; but gavel-philly-7f04ca and -ee9e8c
+    # (long) 0.58 -> 0.77 and 0.59 -> 0.76, whose wide gangs wait longer for places (README,
+    # policy-matrix-gandiva_las_admission_-queue_roundrobin-2026-12-04.txt)
+    las_admission: bool = True
+    # round-robin slices while jobs wait for a place on a server, the earlier answer to the
+    # starving of places' holders (6c71a0 long 31,095 -> 11,673 min, LAS 20,856). Decision
+    # (2026-12-04): off, as las_admission answers it; round-robin cost the wide gangs their
+    # turns whenever a newcomer waited (tiresias-60 long: 16.6 min with it, 14.7 without,
+    # LAS 14.6)
+    queue_roundrobin: bool = False
     # ...but only from a job that has had this many GPU-seconds more than the newcomer, so
     # that jobs of similar age do not evict each other back and forth
     displace_margin: float = 3600.0

@@ -16,8 +16,9 @@ something happens every 7 s on average, few are.)
 
 Only in the simulator (``Cluster.fast_rounds``, as planned rounds), and only where a round's
 outcome reads nothing else that moves with time: ``levels`` order, no queued job (it would
-switch the order to round-robin), no elastic job, no ``las_admission``, and no job in its
-first half quantum (it keeps its turn in this round and competes in the next).
+switch the order to round-robin with ``queue_roundrobin``, and ``las_admission`` displaces
+for it by attained service, which moves with time), no elastic job, and no job in its first
+half quantum (it keeps its turn in this round and competes in the next).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def declare(p: Gandiva, cluster: Cluster) -> None:
     """After a round that changed nothing: put the servers' next round off, if it can be."""
     now, q = cluster.now, p.quantum
     if (not cluster.fast_rounds or p.slice_order != "levels" or not p.balance
-            or p.las_admission or len(p.unassigned) or p.elastic_jobs or p.planned):
+            or len(p.unassigned) or p.elastic_jobs or p.planned):
         return
     nxt = timeslice.next_round(p, now)
     servers = set(p.armed_at.get((nxt, "slice"), ()))
