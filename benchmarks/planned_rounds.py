@@ -17,10 +17,11 @@ import argparse
 import json
 import time
 
+from paper.common import PAPER
 from rich.console import Console
 from rich.table import Table
 
-from gandiva.policies.gandiva import Gandiva
+from gandiva.policies import make_policy
 from gandiva.sim.engine import SimConfig, Simulator
 from gandiva.state import Cluster
 from gandiva.traces import load_trace
@@ -33,7 +34,7 @@ def main() -> None:
     ap.add_argument("--cluster", default="120x4")
     args = ap.parse_args()
     trace = load_trace(args.trace, jobs=args.jobs)
-    policy = Gandiva(slice_order="roundrobin", balance=False, las_admission=False)  # the paper's
+    policy = make_policy(PAPER)  # plans need -balance
     t0 = time.perf_counter()
     result = Simulator(Cluster.build(args.cluster), policy, trace.jobs,
                        reference_gpu=trace.reference_gpu,

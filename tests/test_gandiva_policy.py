@@ -469,7 +469,6 @@ def test_a_big_gang_clears_servers_of_long_served_jobs():
     assert jcts(result)["gang"] == pytest.approx(1000)  # two whole servers: no extra spread
 
 
-
 def test_a_newcomer_displaces_a_long_served_job_of_its_width_on_a_server_of_another_affinity():
     # the server takes the 2-GPU job's affinity; the 1-GPU jobs fill its free GPUs, and
     # "new" finds no place under max_height. Displacing only on servers of the newcomer's own
@@ -495,6 +494,7 @@ def test_a_big_gang_with_a_place_under_max_height_takes_its_turns_there_and_clea
     assert t > 5000  # at its first round, not at its arrival
     assert not [a for a in acts(result, A.Suspend) if a[0] == pytest.approx(5000)]
     assert len(jcts(result)) == 9
+
 
 # ---- the arrival shortcut ---------------------------------------------------------------------
 @pytest.mark.parametrize("trace_name,cluster,count", [("philly", "4x4", 600),
@@ -708,9 +708,9 @@ def test_the_slice_order_spans_servers_that_do_not_time_slice_with_balance_all(s
 
 def test_slices_go_round_robin_while_jobs_wait_for_a_place_on_a_server():
     """``queue_roundrobin`` (off by default since las_admission gives places back): with c
-    queued (the one server is at max_height), a and b share
-    the GPU a quantum each, so that places keep moving; without it, a (first come, same
-    level) keeps the GPU once b has had its first turn."""
+    queued (the one server is at max_height), a and b share the GPU a quantum each, so that
+    places keep moving; without it, a (first come, same level) keeps the GPU once b has had
+    its first turn."""
     jobs = (job("a", 0, 1, 36_000), job("b", 10, 1, 36_000), job("c", 100, 1, 600))
     for on in (True, False):
         flag = ":queue_roundrobin" if on else ":-queue_roundrobin"

@@ -87,15 +87,15 @@ class Gandiva:
     # (long) 0.58 -> 0.77 and 0.59 -> 0.76, whose wide gangs wait longer for places (README,
     # policy-matrix-gandiva_las_admission_-queue_roundrobin-2026-12-04.txt)
     las_admission: bool = True
+    # ...but only from a job that has had this many GPU-seconds more than the newcomer, so
+    # that jobs of similar age do not evict each other back and forth
+    displace_margin: float = 3600.0
     # round-robin slices while jobs wait for a place on a server, the earlier answer to the
     # starving of places' holders (6c71a0 long 31,095 -> 11,673 min, LAS 20,856). Decision
     # (2026-12-04): off, as las_admission answers it; round-robin cost the wide gangs their
     # turns whenever a newcomer waited (tiresias-60 long: 16.6 min with it, 14.7 without,
     # LAS 14.6)
     queue_roundrobin: bool = False
-    # ...but only from a job that has had this many GPU-seconds more than the newcomer, so
-    # that jobs of similar age do not evict each other back and forth
-    displace_margin: float = 3600.0
     # at most this many jobs' demand per GPU on an over-subscribed server: each job still
     # gets a 60 s slice every 8 minutes (early feedback), and the suspended jobs' state, kept
     # in host memory, stays well inside a server's RAM. At 3 the paper's 180-GPU experiment
