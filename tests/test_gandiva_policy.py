@@ -142,6 +142,22 @@ def test_gang_wider_than_a_server_time_slices_across_its_servers():
     assert jcts(result)["g"] < 1000  # alone after a and b it would finish at 1,200+
 
 
+def test_a_gang_takes_only_the_gpus_it_uses_on_its_servers_and_a_narrow_job_has_the_rest():
+    # g (6 GPUs) holds 4 + 2 GPUs of two 4-GPU servers, n the other 2 of the second; x and
+    # y take turns on a 1-GPU server, so every server has a round each minute. Taking its
+    # servers whole, g's turn at a round suspends n and leaves 2 GPUs idle
+    trace = (job("g", 0, 6, 500), job("n", 10, 2, 400), job("x", 20, 1, 600),
+             job("y", 30, 1, 600))  # (g stays under the first level: 3,600 GPU-s)
+    result, sim = run("2x4+1x1", "gandiva:-pack:gang_shares", *trace)
+    (_, place), = acts(result, A.Place, "g")
+    assert sorted(len(sim.cluster.nodes[s].gpus) for s in servers(sim.cluster, place)) == [4, 4]
+    assert acts(result, A.Suspend, "g") == acts(result, A.Suspend, "n") == []
+    assert jcts(result)["g"] == pytest.approx(500) and jcts(result)["n"] == pytest.approx(400)
+    result, _ = run("2x4+1x1", "gandiva:-pack:-gang_shares", *trace)
+    assert [t for t, _ in acts(result, A.Suspend, "n")][0] == pytest.approx(60)
+    assert jcts(result)["n"] > 400
+
+
 def test_narrow_job_takes_turns_with_a_running_gang():
     result, _ = run("2x2", "gandiva:-pack:slice_order=roundrobin", job("g", 0, 4, 1000),
                     job("c", 10, 1, 300))
@@ -459,14 +475,28 @@ def test_no_displacement_between_jobs_of_similar_age_or_of_higher_priority():
     assert acts(result, A.Suspend) == []
 
 
-def test_a_big_gang_clears_servers_of_long_served_jobs():
+def test_a_big_gang_with_no_place_sends_back_just_enough_long_served_jobs_to_get_one():
+    # every server is at max_height: the gang at the head sends back the most served job of
+    # each server it needs (the head may pass the cap by one GPU), not every job on them
     small = [job(f"s{i}", 0, 1, 20_000) for i in range(8)]
     result, sim = run("2x4", "gandiva:max_height=1:las_admission", *small,
-                      job("gang", 5000, 8, 1000))
+                      job("gang", 5000, 8, 400))  # (under the first level: 3,600 GPU-s)
+    sent_back = [a.job_id for t, a in acts(result, A.Suspend) if t == pytest.approx(5000)]
+    assert len(sent_back) == 2
     (t, place), = acts(result, A.Place, "gang")
-    assert t == pytest.approx(5000) and len(place.gpus) == 8
-    assert len(acts(result, A.Suspend)) == 8
-    assert jcts(result)["gang"] == pytest.approx(1000)  # two whole servers: no extra spread
+    assert t < 5000 + 60 and len(place.gpus) == 8  # at its first round
+    assert jcts(result)["gang"] < 400 + 60
+    assert len(jcts(result)) == 9
+
+
+def test_a_long_served_gang_sent_back_for_a_newcomer_gang_leaves_all_its_servers():
+    trace = (job("old", 0, 8, 20_000), job("new", 5000, 8, 1000))
+    result, _ = run("2x4", "gandiva:max_height=1:las_admission", *trace)
+    (t, _), = acts(result, A.Suspend, "old")
+    (t_new, place), = acts(result, A.Place, "new")
+    assert t == t_new == pytest.approx(5000) and len(place.gpus) == 8
+    assert jcts(result)["new"] == pytest.approx(1000)
+    assert jcts(result)["old"] == pytest.approx(21_000, rel=0.01)
 
 
 def test_a_newcomer_displaces_a_long_served_job_of_its_width_on_a_server_of_another_affinity():

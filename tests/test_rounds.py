@@ -21,7 +21,7 @@ from gandiva.traces import load_trace
 # Plans are made only without ``balance`` (one slice order across servers links every
 # rotating server's round to every other's: rounds.unquiet), and they pay where rounds change
 # who runs: round-robin (the paper's order) suspends a job every round on every crowded server
-POLICY = "gandiva:-balance:slice_order=roundrobin:-las_admission"  # the paper's
+POLICY = "gandiva:-balance:slice_order=roundrobin:-las_admission:-gang_shares"  # the paper's
 
 
 def philly_stretch(first: int = 2500, last: int = 3000):
@@ -57,8 +57,9 @@ class Watched(Simulator):
         super()._hand_back(rounds)
 
 
-def run(jobs, cluster: str, fast: bool, **config) -> tuple[SimResult, Watched]:
-    sim = Watched(Cluster.build(cluster), make_policy(POLICY, 0), jobs,
+def run(jobs, cluster: str, fast: bool, policy: str = POLICY, **config
+        ) -> tuple[SimResult, Watched]:
+    sim = Watched(Cluster.build(cluster), make_policy(policy, 0), jobs,
                   config=SimConfig(timeline=False, fast_rounds=fast, **config))
     handle = sim.scheduler.handle
 
@@ -83,10 +84,12 @@ def assert_same_run(slow: SimResult, fast: SimResult) -> None:
     assert fast.allocated_gpu_seconds == pytest.approx(slow.allocated_gpu_seconds, rel=1e-9)
 
 
-def test_planned_rounds_end_in_the_same_run_as_rounds_carried_out_one_by_one():
+@pytest.mark.parametrize("policy", [POLICY, POLICY + ":gang_shares"])
+def test_planned_rounds_end_in_the_same_run_as_rounds_carried_out_one_by_one(policy):
+    # (with gang_shares, a gang's share of each server is planned as a round takes it)
     jobs = philly_stretch()
-    slow, _ = run(jobs, "12x4", fast=False)
-    fast, sim = run(jobs, "12x4", fast=True)
+    slow, _ = run(jobs, "12x4", fast=False, policy=policy)
+    fast, sim = run(jobs, "12x4", fast=True, policy=policy)
     assert_same_run(slow, fast)
     # it did plan, gangs' servers together too, and plans ended every way they can
     assert sim.seen["plans"] > 300 and sim.seen["gang plans"] > 10

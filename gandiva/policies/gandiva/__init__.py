@@ -14,8 +14,10 @@ mean JCT when jobs are wide): time slices ordered by attained-service level, a j
 first (``slice_order``); one slice order across the servers that rotate (``balance``), and
 across every server with jobs, time-slicing or not (``balance_all``); and, when no server
 has a place for a newcomer, the place of the job with the most attained service
-(``las_admission``). The paper's policy is
-``gandiva:slice_order=roundrobin:-balance:-las_admission``.
+(``las_admission``); a gang takes only the GPUs it uses on its servers at its turn
+(``gang_shares``), and a waiting job takes its turn off a running gang's servers where it can
+(``spare_gangs``). The paper's policy is
+``gandiva:slice_order=roundrobin:-balance:-las_admission:-gang_shares``.
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ class Gandiva:
     # when every server is at max_height (no place for a newcomer), the newcomer takes the
     # place of the job of its width with the most attained service (Tiresias' idea,
     # cluster-wide), which goes back to the queue, ordered by attained service; a gang with no
-    # place clears whole servers likewise (admission.py). Decision (2026-12-04): on. The
+    # place makes room likewise on the servers it needs (admission.make_room). Decision
+    # (2026-12-04): on. The
     # places are few under a long queue, and ordering slices by level starves the jobs that
     # hold them, so they hold them longest and newcomers queue behind (gavel-philly-6c71a0,
     # long queue: first feedback 26,336 min). Giving the places back by attained service
@@ -90,6 +93,24 @@ class Gandiva:
     # ...but only from a job that has had this many GPU-seconds more than the newcomer, so
     # that jobs of similar age do not evict each other back and forth
     displace_margin: float = 3600.0
+    # a gang takes only the GPUs it uses on each server of its home at its turn, server by
+    # server in home order, and narrower jobs have the rest (timeslice.gang_share); without,
+    # it takes its servers whole, and only servers no job before it in the order took a GPU
+    # of. The paper does not say how gangs time-slice. Decision (2026-12-04): on. Taking
+    # servers whole idled 2 GPUs at every turn of a 6-GPU gang on two 4-GPU servers, and a
+    # job ahead of a gang on one GPU of its servers cost it the turn: the Pollux workloads
+    # (1-48 GPUs) were the cells still lost to LAS. With spare_gangs and admission.make_room
+    # over the policy matrix: at or below LAS in 72 of 88 cells, not 67; geometric mean of
+    # gandiva/LAS 0.835 -> 0.817; pollux-6, -3 and -1 (long) 1.07, 1.04, 1.04 -> 0.97, 0.96,
+    # 1.00 (README, policy-matrix-2026-12-04.txt; 0.822 without spare_gangs)
+    gang_shares: bool = True
+    # a waiting 1-server job whose turn would fall on a server where a gang runs (stopping
+    # the whole gang for it) takes it on the first server with room that no running gang
+    # holds, if any (timeslice.rebalance, with balance). Decision (2026-12-04): on. Over the
+    # policy matrix with gang_shares: geometric mean 0.822 -> 0.817, pollux-6 (long) 1.01 ->
+    # 0.97 and gavel-philly-ee9e8c (short) 0.67 -> 0.62, but gavel-philly-e13805 1.00 -> 1.03,
+    # where the moved jobs take the turns of waiting gangs instead (README)
+    spare_gangs: bool = True
     # round-robin slices while jobs wait for a place on a server, the earlier answer to the
     # starving of places' holders (6c71a0 long 31,095 -> 11,673 min, LAS 20,856). Decision
     # (2026-12-04): off, as las_admission answers it; round-robin cost the wide gangs their
@@ -404,10 +425,11 @@ class Gandiva:
                 servers = gang_servers(job, cluster, self.book, self.max_height,
                                        head=first) if self.oversubscribe else None
                 if servers is None and self.las_admission and first:
-                    # no place under max_height: clear whole servers of jobs with more
-                    # service, as a 1-server job displaces one (``admission``)
-                    yield from admission.clear_servers(self, cluster, job)
+                    # no place under max_height: make room on servers by sending back jobs
+                    # with more service, as a 1-server job displaces one (``admission``)
+                    yield from admission.make_room(self, cluster, job)
                     gpus = yield from self._gang_gpus(job, cluster)
+                    servers = gang_servers(job, cluster, self.book, self.max_height, head=True)
             if gpus is None:
                 if servers is None:
                     return False

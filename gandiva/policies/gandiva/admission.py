@@ -6,7 +6,8 @@ places in the time-slicing rotation. Here a newcomer instead takes the place of 
 most attained service (GPU-seconds) among the jobs of its width on any server: that job is
 suspended and goes back to the waiting queue, ordered by attained service, as in Tiresias. A
 gang larger than a server, at the head of the queue and with no place under ``max_height``,
-may likewise clear whole servers of jobs that have had more service than it has.
+likewise sends back, on the servers it needs, just enough of the jobs that had more service
+than it to fit under ``max_height`` (``make_room``).
 
 Decisions (2026-12-04): a victim may sit on a server of another affinity. Affinity placement
 puts narrow jobs on servers of wider jobs once their own are full, so on the busiest traces no
@@ -58,23 +59,39 @@ def displace(p: Gandiva, cluster: Cluster, job: Job) -> Generator[A.Action, None
     return True
 
 
-def clear_servers(p: Gandiva, cluster: Cluster, job: Job) -> Iterator[A.Action]:
-    """Empty the fewest-loaded whole servers a big gang needs, if all their jobs had more
-    service than the gang (plus the margin) and no higher priority."""
+def make_room(p: Gandiva, cluster: Cluster, job: Job) -> Iterator[A.Action]:
+    """Places for a gang wider than a server, at the head of the queue, when no server has
+    one under ``max_height``: on the servers it needs, send back just enough of the jobs that
+    had more service than it (plus the margin), and no higher priority, to bring each under
+    ``max_height`` with the gang on it; most served first, on the servers that lose fewest.
+    A gang sent back leaves all its servers."""
     now = cluster.now
     floor = job.attained_at(now) + p.displace_margin
     size = cluster.max_free_bucket
     need = ceil(job.num_gpus / size)
-    movable = []
+    options = []
     for node in cluster.nodes:
-        if not node.up or node.size < size:
+        if not node.up or node.size != size:
             continue
-        members = [cluster.jobs[j] for j in p.book.members[node.id]]
-        if all(m.attained_at(now) > floor and m.priority <= job.priority
-               and len(p.book.home[m.id]) == 1 for m in members):
-            movable.append((p.book.height(node.id), node.id, members))
-    if len(movable) < need:
+        # what must go: the head of the queue may pass the cap by one GPU (``gang_servers``)
+        excess = p.book.demand[node.id] + 1 - p.max_height * size
+        victims: list[Job] = []
+        if excess > 0:
+            members = [cluster.jobs[j] for j in p.book.members[node.id]]
+            served = {m.id: m.attained_at(now) for m in members}
+            for m in sorted(members, key=lambda m: -served[m.id]):
+                if excess <= 0 or served[m.id] <= floor:
+                    break
+                if m.priority <= job.priority:
+                    victims.append(m)
+                    excess -= m.num_gpus if len(p.book.home[m.id]) == 1 else size
+            if excess > 0:
+                continue
+        options.append((len(victims), p.book.height(node.id), node.id, victims))
+    if len(options) < need:
         return
-    for _, _, members in sorted(movable, key=lambda m: (m[0], m[1]))[:need]:
-        for victim in members:
-            yield from _send_back(p, cluster, victim)
+    gone: dict[str, Job] = {}
+    for *_, victims in sorted(options, key=lambda o: o[:3])[:need]:
+        gone.update((v.id, v) for v in victims)
+    for victim in gone.values():
+        yield from _send_back(p, cluster, victim)

@@ -154,7 +154,7 @@ def plan(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> A.Rounds | s
     book, q = p.book, p.quantum
     order = list({j: None for s in servers for j in book.members[s]})
     jobs = [cluster.jobs[j] for j in order]
-    slots = timeslice.slots_of(p, jobs, cluster.now)
+    slots = timeslice.slots_of(p, cluster, jobs, cluster.now)
     attained = [j.attained for j in jobs]
     since = [j.run_since for j in jobs]
     size = {s: cluster.nodes[s].size for s in servers}
@@ -192,8 +192,10 @@ def plan(p: Gandiva, cluster: Cluster, servers: tuple[int, ...]) -> A.Rounds | s
             if sl.gpus:
                 continue
             gpus: list[int] = []
-            for t in sl.home:
-                got = pick(free[t], socket_of, min(sl.width - len(gpus), len(free[t])))
+            shares = p.gang_shares and len(sl.home) > 1
+            for i, t in enumerate(sl.home):
+                got = pick(free[t], socket_of, sl.share[i] if shares else
+                           min(sl.width - len(gpus), len(free[t])))
                 for g in got:
                     free[t].remove(g)
                 gpus.extend(got)

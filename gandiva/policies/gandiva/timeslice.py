@@ -15,11 +15,13 @@ that a job alone on its server yields it to waiting jobs of lower levels.
 Gangs wider than a server time-slice too (beyond the paper, which does not say how they share):
 such a gang belongs to whole servers and takes its turn on all of them at once. Rounds fall on
 multiples of the quantum on every server, so servers that share gangs decide together, in one
-slice order: a gang runs when no job before it took room on its servers, and narrower jobs fill
-what is left. (Per-server rounds out of step left 43% of the GPUs idle while jobs waited, on
-the Chronus trace: a gang rarely came first on all its servers at once.) Without this a wide
-gang waits for whole servers to empty (80 h for the 8- and 16-GPU jobs in a busy stretch of
-Philly), and narrow jobs placed on a running gang's servers wait for it to finish.
+slice order: a gang runs when the jobs before it left room enough for it on its servers
+(``gang_share``), and narrower jobs fill what is left. (Per-server rounds out of step left
+43% of the GPUs idle while jobs waited, on the Chronus trace: a gang rarely came first on all
+its servers at once.) Without this a wide gang waits for whole servers to empty (80 h for the
+8- and 16-GPU jobs in a busy stretch of Philly), and narrow jobs placed on a running gang's
+servers wait for it to finish. With ``spare_gangs`` a waiting job takes its turn off the
+servers of a running gang where it can (``rebalance``).
 """
 
 from __future__ import annotations
@@ -92,15 +94,47 @@ class Slot:
     started: float | None  # when its last turn began (``Book.last_start``)
     attained: float  # GPU-seconds of service up to the round
     memory_gb: float | None = None
+    # a gang's GPUs on each server of its home: those it holds, or takes in the round chosen
+    share: tuple[int, ...] = ()
 
 
-def slots_of(p: Gandiva, jobs: Iterable[Job], now: float) -> list[Slot]:
+def slots_of(p: Gandiva, cluster: Cluster, jobs: Iterable[Job], now: float) -> list[Slot]:
     """The jobs' slots at ``now``: what a round (``rotate``, ``rebalance``) or a plan
     (``rounds.py``) decides over."""
     home, last_start = p.book.home, p.book.last_start
     service = p.slice_order in BY_SERVICE
-    return [Slot(j.id, j.priority, j.seq, j.num_gpus, home[j.id], j.gpus, last_start.get(j.id),
-                 j.attained_at(now) if service else 0.0, j.memory_gb) for j in jobs]
+    slots = [Slot(j.id, j.priority, j.seq, j.num_gpus, home[j.id], j.gpus, last_start.get(j.id),
+                  j.attained_at(now) if service else 0.0, j.memory_gb) for j in jobs]
+    for sl in slots:
+        if sl.gpus and len(sl.home) > 1:
+            sl.share = held(cluster, sl.home, sl.gpus)
+    return slots
+
+
+def held(cluster: Cluster, home: tuple[int, ...], gpus: tuple[int, ...]) -> tuple[int, ...]:
+    """How many of ``gpus`` are on each server of ``home``."""
+    on = [cluster.gpus[g].node for g in gpus]
+    return tuple(on.count(t) for t in home)
+
+
+def gang_share(p: Gandiva, sl: Slot, room: dict[int, int], size: dict[int, int]
+               ) -> tuple[int, ...] | None:
+    """The GPUs a gang takes on each server of its home in a round, given the ``room`` left
+    there (every server of its home is in it); None if it does not fit.
+
+    With ``gang_shares`` it takes what it needs, server by server in home order, and narrower
+    jobs may have the rest; without, it takes its servers whole, and only servers no job
+    before it took room on."""
+    if not p.gang_shares:
+        if any(room[t] < size[t] for t in sl.home):
+            return None
+        return tuple(size[t] for t in sl.home)
+    left, share = sl.width, []
+    for t in sl.home:
+        k = min(left, room[t])
+        share.append(k)
+        left -= k
+    return tuple(share) if left == 0 else None
 
 
 def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick: bool,
@@ -109,8 +143,8 @@ def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick
     them): the running gangs that keep their GPUs, and the jobs chosen, in slice order
     (``slots`` are in it already if ``ordered``).
 
-    In slice order, each job takes GPUs while its server has room; a gang takes whole servers
-    and only when all of them still have all their room. On a ``tick`` (a round boundary)
+    In slice order, each job takes GPUs while its server has room; a gang takes the GPUs it
+    needs on the servers of its home (``gang_share``). On a ``tick`` (a round boundary)
     running jobs compete like the others, except those whose turn began less than half a
     quantum ago (they took freed GPUs between rounds), and in round-robin order they go behind
     every waiting job of their priority; otherwise (a departure freed GPUs, a priority
@@ -118,23 +152,22 @@ def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick
     but for a job of higher priority.
     """
     room, inside = dict(size), set(size)
-    used: set[int] = set()  # the servers some job took room on (room < size)
     open_ = len(room)  # servers with room left: none, and no later job fits
+    shares = p.gang_shares
 
     def take(s: Slot) -> None:
         nonlocal open_
-        if len(s.home) > 1:
-            for t in s.home:
+        if len(s.home) > 1:  # its share, or (without gang_shares) its servers whole
+            for t, k in zip(s.home, s.share, strict=True):
                 if t in room:
-                    open_ -= room[t] > 0
-                    room[t] = 0
-                    used.add(t)
+                    had = room[t]
+                    room[t] = had - k if shares else 0
+                    open_ -= had > 0 >= room[t]
         else:
             t = s.home[0]
             had = room[t]
             room[t] = had - (len(s.gpus) or s.width)
             open_ -= had > 0 >= room[t]
-            used.add(t)
 
     # (a gang not ``inside`` has a server outside this round)
     keep = {s.id for s in slots if s.gpus and len(s.home) > 1 and not inside.issuperset(s.home)}
@@ -150,10 +183,18 @@ def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick
     for s in rest:
         if not open_:
             break
-        if len(s.home) > 1:
-            if inside.issuperset(s.home) and used.isdisjoint(s.home):
-                chosen.append(s)
-                take(s)
+        if len(s.home) > 1:  # (a running gang here has all its servers inside)
+            if s.gpus:
+                if all(room[t] >= k for t, k in zip(s.home, s.share, strict=True)) if shares else \
+                        gang_share(p, s, room, size) is not None:
+                    chosen.append(s)
+                    take(s)
+            elif inside.issuperset(s.home):
+                share = gang_share(p, s, room, size)
+                if share is not None:
+                    s.share = share
+                    chosen.append(s)
+                    take(s)
             continue
         t = s.home[0]
         had = room[t]
@@ -161,7 +202,6 @@ def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick
             chosen.append(s)
             room[t] = had - (len(s.gpus) or s.width)
             open_ -= had > 0 >= room[t]
-            used.add(t)
     return keep, chosen
 
 
@@ -275,37 +315,46 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
         with_room[r] += 1
     most = len(with_room) - 1
 
-    used: set[int] = set()  # the servers some job took room on (room < size)
-
     def take(t: int, gpus: int) -> None:
         nonlocal most
         with_room[room[t]] -= 1
         room[t] -= gpus
         with_room[room[t]] += 1
-        used.add(t)
         while most and not with_room[most]:
             most -= 1
 
-    ordered = sorted(slots_of(p, jobs, now), key=slice_key(p, now, True))
+    ordered = sorted(slots_of(p, cluster, jobs, now), key=slice_key(p, now, True))
+    # the servers of running gangs (``spare_gangs``)
+    ganged = {t for sl in ordered if sl.gpus and len(sl.home) > 1 for t in sl.home} \
+        if p.spare_gangs else set()
     away: list[tuple[Slot, int]] = []  # 1-server jobs the order runs off their home, where
     at: dict[tuple[int, int], list[Slot]] = {}  # (server, width) -> waiting jobs run at home
     for sl in ordered:
         if not most:  # no room anywhere: no later job takes any
             break
-        if len(sl.home) > 1:  # a gang takes its servers whole, or is running on them
+        if len(sl.home) > 1:  # a gang takes its share (``gang_share``), or runs on with it
             # (a gang with a server outside this round runs on if it runs, as in ``choose``)
-            if sl.gpus or S.issuperset(sl.home) and used.isdisjoint(sl.home):
-                for t in sl.home:
+            share = sl.share if sl.gpus else \
+                gang_share(p, sl, room, size) if S.issuperset(sl.home) else None
+            if share is not None:
+                for t, k in zip(sl.home, share, strict=True):
                     if t in room:
-                        take(t, room[t])
+                        take(t, min(k, room[t]) if p.gang_shares else room[t])
             continue
         h, w = sl.home[0], len(sl.gpus) or sl.width
         r = room[h]
+        if ganged and not sl.gpus and h in ganged:
+            # a waiting job's turn on a running gang's server would stop the whole gang:
+            # it takes its turn on the first server with room that no running gang holds
+            dest = next((t for t in by_id if t not in ganged and room[t] >= w), None)
+            if dest is not None:
+                take(dest, w)
+                away.append((sl, dest))
+                continue
         if w <= r:  # ``take(h, w)``, written out: most jobs of a round come here
             with_room[r] -= 1
             room[h] = r - w
             with_room[r - w] += 1
-            used.add(h)
             while most and not with_room[most]:
                 most -= 1
             if not sl.gpus:
@@ -358,7 +407,7 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool,
                                     now, tick, ordered=True)
     else:
         S, jobs = group(p, cluster, servers)
-        keep, chosen_slots = choose(p, slots_of(p, jobs, now),
+        keep, chosen_slots = choose(p, slots_of(p, cluster, jobs, now),
                                     {s: cluster.nodes[s].size for s in S}, now, tick)
     chosen = [cluster.jobs[s.id] for s in chosen_slots]
     run = keep | {j.id for j in chosen}
@@ -383,11 +432,16 @@ def rotate(p: Gandiva, cluster: Cluster, servers: set[int], tick: bool,
             book.assign(job, (elsewhere,))
         else:
             yield A.Suspend(job.id)
+    share = {s.id: s.share for s in chosen_slots} if p.gang_shares else {}
     for job in sorted([j for j in chosen if j.status is not running], key=lambda j: -j.num_gpus):
         gpus: list[int] = []
-        for t in home[job.id]:
-            gpus.extend(gpus_on(cluster, t, min(job.num_gpus - len(gpus),
-                                                len(cluster.free_gpus(t)))))
+        if job.id in share and len(home[job.id]) > 1:
+            for t, k in zip(home[job.id], share[job.id], strict=True):
+                gpus.extend(gpus_on(cluster, t, k))
+        else:
+            for t in home[job.id]:
+                gpus.extend(gpus_on(cluster, t, min(job.num_gpus - len(gpus),
+                                                    len(cluster.free_gpus(t)))))
         if job.status is JobStatus.SUSPENDED:
             yield A.Resume(job.id, tuple(gpus))
             book.last_start[job.id] = now - switch_delay(job.memory_gb)
