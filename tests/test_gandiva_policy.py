@@ -158,6 +158,22 @@ def test_a_gang_takes_only_the_gpus_it_uses_on_its_servers_and_a_narrow_job_has_
     assert jcts(result)["n"] > 400
 
 
+def test_a_waiting_job_takes_its_turn_off_a_running_gangs_servers_where_there_is_room():
+    # g (8 GPUs) runs on servers 0 and 1, y (4 GPUs) on server 2; w, a newcomer, waits on
+    # server 0. At its first turn it takes one GPU: on server 0 that stops all of g, on
+    # server 2 (no gang's home) only y
+    trace = (job("g", 0, 8, 3000), job("y", 1, 4, 3000), job("w", 1000, 1, 300))
+    result, sim = run("3x4", "gandiva:-pack:spare_gangs", *trace)
+    (t, place), = acts(result, A.Place, "w")
+    assert t == pytest.approx(1020) and servers(sim.cluster, place) == {2}
+    assert acts(result, A.Suspend, "g") == []
+    assert [t for t, _ in acts(result, A.Suspend, "y")] == [pytest.approx(1020)]
+    result, sim = run("3x4", "gandiva:-pack:-spare_gangs", *trace)
+    (t, place), = acts(result, A.Place, "w")
+    assert t == pytest.approx(1020) and servers(sim.cluster, place) == {0}
+    assert [t for t, _ in acts(result, A.Suspend, "g")] == [pytest.approx(1020)]
+
+
 def test_narrow_job_takes_turns_with_a_running_gang():
     result, _ = run("2x2", "gandiva:-pack:slice_order=roundrobin", job("g", 0, 4, 1000),
                     job("c", 10, 1, 300))

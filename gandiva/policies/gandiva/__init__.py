@@ -100,16 +100,17 @@ class Gandiva:
     # servers whole idled 2 GPUs at every turn of a 6-GPU gang on two 4-GPU servers, and a
     # job ahead of a gang on one GPU of its servers cost it the turn: the Pollux workloads
     # (1-48 GPUs) were the cells still lost to LAS. With spare_gangs and admission.make_room
-    # over the policy matrix: at or below LAS in 72 of 88 cells, not 67; geometric mean of
-    # gandiva/LAS 0.835 -> 0.817; pollux-6, -3 and -1 (long) 1.07, 1.04, 1.04 -> 0.97, 0.96,
-    # 1.00 (README, policy-matrix-2026-12-04.txt; 0.822 without spare_gangs)
+    # over the policy matrix: at or below LAS in 74 of 88 cells, not 67; geometric mean of
+    # gandiva/LAS 0.835 -> 0.820; pollux-6, -3 and -1 (long) 1.07, 1.04, 1.04 -> 1.00, 0.98,
+    # 0.97 (README, policy-matrix-2026-12-04.txt; without spare_gangs 72 cells, 0.822)
     gang_shares: bool = True
     # a waiting 1-server job whose turn would fall on a server where a gang runs (stopping
-    # the whole gang for it) takes it on the first server with room that no running gang
-    # holds, if any (timeslice.rebalance, with balance). Decision (2026-12-04): on. Over the
-    # policy matrix with gang_shares: geometric mean 0.822 -> 0.817, pollux-6 (long) 1.01 ->
-    # 0.97 and gavel-philly-ee9e8c (short) 0.67 -> 0.62, but gavel-philly-e13805 1.00 -> 1.03,
-    # where the moved jobs take the turns of waiting gangs instead (README)
+    # the whole gang for it) takes it on the first server with room that is no gang's home,
+    # if any (timeslice.rebalance, with balance). Decision (2026-12-04): on. Over the policy
+    # matrix with gang_shares: at or below LAS in 74 of 88 cells, not 72; geometric mean
+    # 0.822 -> 0.820; gavel-philly-e13805 1.00 -> 0.98, pollux-realistic-8 (long) 1.01 ->
+    # 1.005; philly (long) 0.51 -> 0.55. Moving it to any server no running gang holds
+    # instead: 72 cells, 0.817, e13805 1.03 (the moved jobs took waiting gangs' turns; README)
     spare_gangs: bool = True
     # round-robin slices while jobs wait for a place on a server, the earlier answer to the
     # starving of places' holders (6c71a0 long 31,095 -> 11,673 min, LAS 20,856). Decision

@@ -324,9 +324,14 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
             most -= 1
 
     ordered = sorted(slots_of(p, cluster, jobs, now), key=slice_key(p, now, True))
-    # the servers of running gangs (``spare_gangs``)
-    ganged = {t for sl in ordered if sl.gpus and len(sl.home) > 1 for t in sl.home} \
-        if p.spare_gangs else set()
+    # the servers of running gangs, and of all gangs (``spare_gangs``)
+    ganged, homes = set(), set()
+    if p.spare_gangs:
+        for sl in ordered:
+            if len(sl.home) > 1:
+                homes.update(sl.home)
+                if sl.gpus:
+                    ganged.update(sl.home)
     away: list[tuple[Slot, int]] = []  # 1-server jobs the order runs off their home, where
     at: dict[tuple[int, int], list[Slot]] = {}  # (server, width) -> waiting jobs run at home
     for sl in ordered:
@@ -345,8 +350,9 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
         r = room[h]
         if ganged and not sl.gpus and h in ganged:
             # a waiting job's turn on a running gang's server would stop the whole gang:
-            # it takes its turn on the first server with room that no running gang holds
-            dest = next((t for t in by_id if t not in ganged and room[t] >= w), None)
+            # it takes its turn on the first server with room that is no gang's home (one
+            # where a waiting gang would take its turn only moves the loss)
+            dest = next((t for t in by_id if t not in homes and room[t] >= w), None)
             if dest is not None:
                 take(dest, w)
                 away.append((sl, dest))
