@@ -61,6 +61,18 @@ class Gandiva:
     # time among jobs that could run one after the other, so they all end late, and that lost
     # to LAS by up to 1.6x on the Pollux workloads (benchmarks/results/policy-matrix-*.txt)
     slice_order: str = "levels"
+    # ...and under "levels", a running job whose turn is over still goes before the jobs
+    # waiting in its own level: it keeps its GPUs until it reaches the next level, or a job
+    # never run or of a lower level needs them, instead of first come first served within a
+    # level. Decision (2026-12-04): on. A newcomer's first turn (its early feedback) stopped
+    # the running job of its level, which took its GPUs back at the next round: a suspend and
+    # a resume more per newcomer than under LAS, which queues the newcomer behind it
+    # (tiresias-60, long: 8-GPU gangs sliced out 21.5 min, none under LAS). Over the policy
+    # matrix: at or below LAS in 77 of 88 cells, not 74; geometric mean 0.820 -> 0.807;
+    # tiresias-60 (long) 1.012 -> 0.865; but pollux-realistic-8 (long) 1.005 -> 1.068 and
+    # gavel-philly-2869ce 1.008 -> 1.036, allocation at least both others' in 43 cells, not
+    # 47 (README, policy-matrix-2026-12-04.txt)
+    keep_turn_in_level: bool = True
     # beyond the paper: one slice order across all servers rotating at a round, not one per
     # server, as LAS has one across the cluster: a waiting job moves to a server where it ranks
     # high enough to run (timeslice.rebalance). Without it a short job waits behind its own

@@ -211,6 +211,7 @@ def slice_key(p: Gandiva, now: float, tick: bool) -> Callable[[Slot], tuple]:
     if p.queue_roundrobin and len(p.unassigned):
         order = "roundrobin"  # jobs wait for a place on a server: keep the places moving
     half = p.quantum / 2
+    hold = 0 if p.keep_turn_in_level and order == "levels" else 1
 
     def key(s: Slot) -> tuple:
         started = s.started
@@ -221,11 +222,11 @@ def slice_key(p: Gandiva, now: float, tick: bool) -> Callable[[Slot], tuple]:
         else:
             turn = started if started is not None else float("-inf")
         if not s.gpus:
-            return (-s.priority, 1, turn, s.seq)
+            return (-s.priority, 1, turn, 1, s.seq)
         if not tick or started is None or now - started < half:
             return (-s.priority, 0, turn, s.seq)  # keeps its turn
-        if order != "roundrobin":
-            return (-s.priority, 1, turn, s.seq)  # competes on attained service like the others
+        if order != "roundrobin":  # competes on attained service like the others, before
+            return (-s.priority, 1, turn, hold, s.seq)  # those waiting in its level if held
         # round-robin: a job whose turn is over goes behind those waiting, and the one that
         # has run longest gives way first (ordering it by when its turn began, like a waiting
         # job, kept a job that never stopped first in line for ever)
