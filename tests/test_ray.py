@@ -138,8 +138,9 @@ def test_a_gang_over_two_nodes_trains_and_is_time_sliced(nodes, tmp_path):
     across them), and they take turns; both end bit-identical to an uninterrupted run."""
     args = ("--steps", "800", "--seed", "3")  # about 12 s each: several turns of 3 s
     ref = reference(tmp_path, "elastic_mlp.py", *args)
-    backend = Driver(make_policy("gandiva:quantum=3:-elastic:-pack"), nodes.workdir,
-                           nodes=nodes, feedback_steps=20)
+    # (jobs of one level take turns only without keep_turn_in_level)
+    backend = Driver(make_policy("gandiva:quantum=3:-elastic:-pack:-keep_turn_in_level"),
+                     nodes.workdir, nodes=nodes, feedback_steps=20)
     for name in ("a", "b"):
         backend.submit(JobSpec(name, 0.0, 4, "unknown"),
                        Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), *args]))

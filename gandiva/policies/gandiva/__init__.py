@@ -11,7 +11,8 @@ Each introspective step can be switched off to measure it alone, e.g. ``gandiva:
 
 Beyond the paper, by default (issue 17: the paper's round-robin lost to LAS by up to 1.6x in
 mean JCT when jobs are wide): time slices ordered by attained-service level, a job never run
-first (``slice_order``); one slice order across the servers that rotate (``balance``), and
+first, and a running job keeps its turn within its level (``slice_order``,
+``keep_turn_in_level``); one slice order across the servers that rotate (``balance``), and
 across every server with jobs, time-slicing or not (``balance_all``); and, when no server
 has a place for a newcomer, the place of the job with the most attained service
 (``las_admission``); a gang takes only the GPUs it uses on its servers at its turn

@@ -3,7 +3,8 @@
 Each round gives the server's GPUs to its jobs in order: higher priority first (a job is never
 suspended for a lower-priority one), then by the slice order. By default (``levels``) a job
 that has never run goes first, which is what gives every job early feedback, then jobs by
-Tiresias' attained-service levels, first come first served within a level; the paper's
+Tiresias' attained-service levels; within a level the running jobs keep their turns
+(``keep_turn_in_level``), and the waiting ones come first come first served; the paper's
 ``roundrobin`` gives the GPU to the job that had it least recently, and ``las`` to the least
 attained service. Packed jobs take their turns like the others, but one whose GPU-mate runs
 on stays packed (``stays_packed``), and the packing step packs after the round. A multi-GPU
