@@ -443,7 +443,9 @@ class Gandiva:
                     # with more service, as a 1-server job displaces one (``admission``)
                     yield from admission.make_room(self, cluster, job)
                     gpus = yield from self._gang_gpus(job, cluster)
-                    servers = gang_servers(job, cluster, self.book, self.max_height, head=True)
+                    if gpus is None:
+                        servers = gang_servers(job, cluster, self.book, self.max_height,
+                                               head=True)
             if gpus is None:
                 if servers is None:
                     return False

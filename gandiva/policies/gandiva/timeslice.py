@@ -123,13 +123,16 @@ def gang_share(p: Gandiva, sl: Slot, room: dict[int, int], size: dict[int, int]
     """The GPUs a gang takes on each server of its home in a round, given the ``room`` left
     there (every server of its home is in it); None if it does not fit.
 
-    With ``gang_shares`` it takes what it needs, server by server in home order, and narrower
-    jobs may have the rest; without, it takes its servers whole, and only servers no job
-    before it took room on."""
+    With ``gang_shares`` it takes what it needs, server by server in home order (a running
+    gang: what it holds), and narrower jobs may have the rest; without, it takes its servers
+    whole, and only servers no job before it took room on."""
     if not p.gang_shares:
         if any(room[t] < size[t] for t in sl.home):
             return None
         return tuple(size[t] for t in sl.home)
+    if sl.gpus:
+        return sl.share if all(room[t] >= k for t, k in zip(sl.home, sl.share, strict=True)) \
+            else None
     left, share = sl.width, []
     for t in sl.home:
         k = min(left, room[t])
@@ -185,15 +188,11 @@ def choose(p: Gandiva, slots: list[Slot], size: dict[int, int], now: float, tick
         if not open_:
             break
         if len(s.home) > 1:  # (a running gang here has all its servers inside)
-            if s.gpus:
-                if all(room[t] >= k for t, k in zip(s.home, s.share, strict=True)) if shares else \
-                        gang_share(p, s, room, size) is not None:
-                    chosen.append(s)
-                    take(s)
-            elif inside.issuperset(s.home):
+            if s.gpus or inside.issuperset(s.home):
                 share = gang_share(p, s, room, size)
                 if share is not None:
-                    s.share = share
+                    if not s.gpus:  # (a running gang's share is what it holds)
+                        s.share = share
                     chosen.append(s)
                     take(s)
             continue
