@@ -546,20 +546,26 @@ def test_a_big_gang_with_a_place_under_max_height_takes_its_turns_there_and_clea
 
 
 # ---- the arrival shortcut ---------------------------------------------------------------------
+def busy_jobs(trace_name: str, count: int, faster: float = 4):
+    """The first ``count`` jobs of a bundled trace that run under an hour, arriving
+    ``faster`` times as fast: a long queue on a small cluster, simulated in a second."""
+    import dataclasses
+
+    from gandiva.traces import load_trace
+
+    jobs = sorted((j for j in load_trace(trace_name).jobs if (j.duration or 0) <= 3600),
+                  key=lambda j: j.submit_time)[:count]
+    t0 = jobs[0].submit_time
+    return [dataclasses.replace(j, submit_time=(j.submit_time - t0) / faster) for j in jobs]
+
+
 @pytest.mark.parametrize("trace_name,cluster,count", [("philly", "4x4", 600),
                                                       ("pollux-1", "4x4", 160)])
 def test_an_arrival_after_a_scan_that_placed_nothing_decides_exactly_as_a_full_rescan(
         trace_name, cluster, count):
     """Starting an arrival's scan at the newcomer (the jobs before it just failed in the
     same state) changes no decision: the same actions at the same times, the same JCTs."""
-    import dataclasses
-
-    from gandiva.traces import load_trace
-
-    jobs = sorted((j for j in load_trace(trace_name).jobs if (j.duration or 0) <= 3600),
-                  key=lambda j: j.submit_time)[:count]  # short jobs: a quick simulation
-    t0 = jobs[0].submit_time
-    jobs = [dataclasses.replace(j, submit_time=(j.submit_time - t0) / 4) for j in jobs]  # busy
+    jobs = busy_jobs(trace_name, count)
     policy = type(make_policy("gandiva"))
     shortcuts = []
 
@@ -576,10 +582,48 @@ def test_an_arrival_after_a_scan_that_placed_nothing_decides_exactly_as_a_full_r
     def simulate(policy):
         return Simulator(Cluster.build(cluster), policy, jobs, reference_gpu="V100").run()
 
-    fast, full = simulate(Counted()), simulate(FullRescan())
+    # (the shortcut is off with las_admission, the default)
+    fast = simulate(Counted(las_admission=False))
+    full = simulate(FullRescan(las_admission=False))
     assert len(shortcuts) > count // 5  # the queue was long: the shortcut was taken often
     assert fast.actions == full.actions
     assert jcts(fast) == jcts(full)
+
+
+@pytest.mark.parametrize("trace_name,cluster,count", [("philly", "4x4", 600),
+                                                      ("pollux-1", "4x4", 160)])
+def test_a_scan_that_found_no_job_to_send_back_for_a_width_decides_as_one_that_looks_again(
+        trace_name, cluster, count, monkeypatch):
+    """Within a scan of the queue, a job finds no job to send back (``displace``) where one
+    before it of its width, no lower priority and no more service, found none, until a job is
+    placed: skipping the look changes no decision, and saves most looks."""
+    from gandiva.policies.gandiva import admission
+
+    jobs = busy_jobs(trace_name, count)
+    policy = type(make_policy("gandiva"))
+    looks = []
+    real = admission.displace
+
+    def counted(p, cluster, job):
+        looks.append(job.id)
+        return (yield from real(p, cluster, job))
+
+    monkeypatch.setattr(admission, "displace", counted)
+
+    class LooksAgain(policy):
+        def _place(self, cluster, job, first=False):
+            self._no_victim.clear()
+            return super()._place(cluster, job, first)
+
+    def simulate(policy):
+        looks.clear()
+        result = Simulator(Cluster.build(cluster), policy, jobs, reference_gpu="V100").run()
+        return result, len(looks)
+
+    (memo, n_memo), (full, n_full) = simulate(policy()), simulate(LooksAgain())
+    assert n_memo < n_full / 2
+    assert memo.actions == full.actions
+    assert jcts(memo) == jcts(full)
 
 
 def algorithm_1(job, c: Cluster, book: Book, max_height: float, head: bool):
