@@ -9,7 +9,7 @@ from gandiva.metrics import summarize
 from gandiva.policies import make_policy
 from gandiva.policies.gandiva.book import Book
 from gandiva.policies.gandiva.placement import choose_server
-from gandiva.policies.gandiva.timeslice import rotate
+from gandiva.policies.gandiva.timeslice import rebalance, rotate
 from gandiva.sim.engine import SimConfig, Simulator
 from gandiva.sim.perf import default_perf_model
 from gandiva.spec import JobSpec
@@ -173,6 +173,35 @@ def test_a_waiting_job_takes_its_turn_off_a_running_gangs_servers_where_there_is
     (t, place), = acts(result, A.Place, "w")
     assert t == pytest.approx(1020) and servers(sim.cluster, place) == {0}
     assert [t for t, _ in acts(result, A.Suspend, "g")] == [pytest.approx(1020)]
+
+
+@pytest.mark.parametrize("idle_to_gangs", [True, False])
+def test_a_waiting_gang_with_no_room_at_home_takes_the_gpus_a_round_leaves_idle(idle_to_gangs):
+    # g (8 GPUs, less service than w) runs on servers 0 and 1, where w (8 GPUs) waits. x, a
+    # gang with more service, waits on servers 2 and 3, but y takes a GPU of server 3 for its
+    # first turn: x does not fit, and servers 2 and 4 would sit idle through the round
+    c, book = hand_state("5x4", {"g": (8, tuple(range(8))), "w": (8, ()), "x": (8, ()),
+                                 "y": (1, ())})
+    p = make_policy(f"gandiva:{'' if idle_to_gangs else '-'}idle_to_gangs")
+    p.book = book
+    for jid, home, served in (("w", (0, 1), 40_000.0), ("x", (2, 3), 50_000.0),
+                              ("y", (3,), 0.0)):
+        book.assign(c.jobs[jid], home)
+        c.jobs[jid].attained = served
+        if served:
+            book.last_start[jid] = 0.0  # it has had turns
+    book.last_start["g"] = 0.0
+    c.now = 600.0  # g: 4,800 GPU-seconds
+    every = set(range(5))
+    decided = list(rotate(p, c, every, tick=True, ready=rebalance(p, c, every)))
+    placed = {a.job_id: servers(c, a) for a in decided if isinstance(a, A.Place | A.Resume)}
+    if idle_to_gangs:  # on the servers no gang calls home first, then the roomiest
+        assert placed == {"y": {3}, "w": {2, 4}}
+        assert book.home["w"] == (2, 4)
+    else:
+        assert placed == {"y": {3}}
+        assert book.home["w"] == (0, 1)
+    assert not [a for a in decided if isinstance(a, A.Suspend)]
 
 
 def test_narrow_job_takes_turns_with_a_running_gang():

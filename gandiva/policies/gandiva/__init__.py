@@ -125,6 +125,17 @@ class Gandiva:
     # 1.005; philly (long) 0.51 -> 0.55. Moving it to any server no running gang holds
     # instead: 72 cells, 0.817, e13805 1.03 (the moved jobs took waiting gangs' turns; README)
     spare_gangs: bool = True
+    # a waiting gang with no room on its home servers at its turn takes GPUs the round
+    # leaves idle on as many other servers as its home, if they have enough, and resumes
+    # there from its checkpoint (timeslice.rebalance, with balance): LAS runs a gang on any
+    # free GPUs, while a gang bound to its home waited with GPUs idle (pollux-1, long queue:
+    # 75% allocated against LAS's 83%). Decision (2026-12-04): on. Over the policy matrix:
+    # at or below LAS in 78 of 88 cells, not 77; geometric mean 0.807 -> 0.806; pollux-1
+    # (long) 1.007 -> 0.950, pollux-realistic-6 (long) 0.92 -> 0.87; worse gavel-philly-ee9e8c
+    # (long) 0.59 -> 0.66, pollux-6 (long) 0.94 -> 0.99. Taking room any later job in the
+    # order had (as LAS does), or more servers than its home: 1.09 on pollux-6 (long) and
+    # 1.11 on pollux-realistic-8 (long), philly (short) 0.62 -> 0.76 (spread gangs run slower)
+    idle_to_gangs: bool = True
     # round-robin slices while jobs wait for a place on a server, the earlier answer to the
     # starving of places' holders (6c71a0 long 31,095 -> 11,673 min, LAS 20,856). Decision
     # (2026-12-04): off, as las_admission answers it; round-robin cost the wide gangs their

@@ -325,14 +325,15 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
             most -= 1
 
     ordered = sorted(slots_of(p, cluster, jobs, now), key=slice_key(p, now, True))
-    # the servers of running gangs, and of all gangs (``spare_gangs``)
+    # the servers of running gangs (``spare_gangs``), and of all gangs (and ``idle_to_gangs``)
     ganged, homes = set(), set()
-    if p.spare_gangs:
+    if p.spare_gangs or p.idle_to_gangs:
         for sl in ordered:
             if len(sl.home) > 1:
                 homes.update(sl.home)
-                if sl.gpus:
+                if sl.gpus and p.spare_gangs:
                     ganged.update(sl.home)
+    unrun: list[Slot] = []  # waiting gangs that found no room at home (``idle_to_gangs``)
     away: list[tuple[Slot, int]] = []  # 1-server jobs the order runs off their home, where
     at: dict[tuple[int, int], list[Slot]] = {}  # (server, width) -> waiting jobs run at home
     for sl in ordered:
@@ -346,6 +347,8 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
                 for t, k in zip(sl.home, share, strict=True):
                     if t in room:
                         take(t, min(k, room[t]) if p.gang_shares else room[t])
+            elif not sl.gpus and p.idle_to_gangs:
+                unrun.append(sl)
             continue
         h, w = sl.home[0], len(sl.gpus) or sl.width
         r = room[h]
@@ -372,6 +375,20 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
             take(dest, w)
             away.append((sl, dest))
     moved = False
+    for sl in unrun:  # the GPUs left idle, in slice order (``idle_to_gangs``)
+        if not most:
+            break
+        if most * len(sl.home) < sl.width:
+            continue
+        dest = idle_home(p, sl, room, size, homes, by_id)
+        if dest is None:
+            continue
+        for t, k in zip(dest, sl.share, strict=True):
+            take(t, k)
+        book.assign(cluster.jobs[sl.id], dest)
+        sl.home = dest
+        moved = True
+        p.version += 1
     for sl, dest in away:
         if sl.gpus:  # running: a waiting job run at its home goes to ``dest`` instead
             stand_ins = at.get((sl.home[0], len(sl.gpus)))
@@ -385,6 +402,28 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
     if moved:  # in the order ``group`` lists them now
         jobs = homed(p, cluster) if p.balance_all else members(p, cluster, S)
     return Round(S, jobs, ordered)
+
+
+def idle_home(p: Gandiva, sl: Slot, room: dict[int, int], size: dict[int, int],
+              homes: set[int], by_id: list[int]) -> tuple[int, ...] | None:
+    """Servers for a waiting gang among those with ``room`` left idle, no more than its home
+    has: those that are no gang's home first, then the most room; None if they have too
+    little. Sets the gang's ``share`` of them."""
+    dest, found = [], 0
+    for t in sorted((t for t in by_id if room[t] > 0), key=lambda t: (t in homes, -room[t])):
+        dest.append(t)
+        found += room[t]
+        if found >= sl.width or len(dest) == len(sl.home):
+            break
+    if found < sl.width:
+        return None
+    dest.sort()
+    moved = Slot(sl.id, sl.priority, sl.seq, sl.width, tuple(dest), (), None, 0.0)
+    share = gang_share(p, moved, room, size)
+    if share is None:
+        return None
+    sl.share = share
+    return moved.home
 
 
 def stays_packed(cluster: Cluster, job: Job, run: set[str]) -> bool:
