@@ -16,8 +16,9 @@ first, and a running job keeps its turn within its level (``slice_order``,
 across every server with jobs, time-slicing or not (``balance_all``); and, when no server
 has a place for a newcomer, the place of the job with the most attained service
 (``las_admission``); a gang takes only the GPUs it uses on its servers at its turn
-(``gang_shares``), and a waiting job takes its turn off a running gang's servers where it can
-(``spare_gangs``). The paper's policy is
+(``gang_shares``), a waiting job takes its turn off a running gang's servers where it can
+(``spare_gangs``), and a waiting gang with no room at home takes GPUs a round leaves idle
+elsewhere (``idle_to_gangs``). The paper's policy is
 ``gandiva:slice_order=roundrobin:-balance:-las_admission:-gang_shares``.
 """
 

@@ -22,7 +22,8 @@ slice order: a gang runs when the jobs before it left room enough for it on its 
 its servers at once.) Without this a wide gang waits for whole servers to empty (80 h for the
 8- and 16-GPU jobs in a busy stretch of Philly), and narrow jobs placed on a running gang's
 servers wait for it to finish. With ``spare_gangs`` a waiting job takes its turn off the
-servers of a running gang where it can (``rebalance``).
+servers of a running gang where it can, and with ``idle_to_gangs`` a waiting gang with no room
+at home takes the GPUs the round leaves idle on as many other servers (``rebalance``).
 """
 
 from __future__ import annotations
@@ -296,7 +297,9 @@ def rebalance(p: Gandiva, cluster: Cluster, servers: set[int]) -> Round | None:
 
     The jobs the order runs are found greedily, each at home where it fits, else on the server
     with the most room left; then a running job that landed away from home swaps with a
-    waiting job of its width that landed at its home, so that only waiting jobs move.
+    waiting job of its width that landed at its home, so that only waiting jobs move. Last,
+    with ``idle_to_gangs``, the waiting gangs that found no room at home take, in the order,
+    what is left idle (``idle_home``): room no job of the order wanted.
     """
     book, now = p.book, cluster.now
     up = {s for s in servers if cluster.nodes[s].up}
