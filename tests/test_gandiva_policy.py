@@ -787,6 +787,23 @@ def test_a_job_keeps_its_turn_against_the_jobs_waiting_in_its_own_level():
     assert jcts(fcfs)["b"] > 3_600
 
 
+def test_in_the_last_level_jobs_take_turns_first_come_first_served():
+    """``last_level_fcfs``: a and b (4 GPUs each) reach the last level (10 GPU-hours) before
+    c, an 8-GPU gang, arrives; c runs first (a newcomer, then a lower level) until it comes to
+    the last level too, where a and b, there before it, go first. Holding its turn there (as
+    in the levels above) c would run to its end ahead of them."""
+    jobs = (job("a", 0, 4, 20_000), job("b", 0, 4, 20_000), job("c", 10_000, 8, 10_000))
+    fcfs, _ = run("2x4", "gandiva:-pack:last_level_fcfs", *jobs)
+    (t, _), = [x for x in acts(fcfs, A.Suspend, "c")]
+    assert t == pytest.approx(10_020 + 36_000 / 8, abs=60)  # c at 10 GPU-hours
+    finish = {r.spec.id: r.finish for r in fcfs.jobs}
+    assert finish["a"] < finish["c"] and finish["b"] < finish["c"]
+    held, _ = run("2x4", "gandiva:-pack:-last_level_fcfs", *jobs)
+    assert acts(held, A.Suspend, "c") == []
+    finish = {r.spec.id: r.finish for r in held.jobs}
+    assert finish["c"] < finish["a"] and finish["c"] < finish["b"]
+
+
 def test_one_slice_order_across_servers_moves_a_waiting_job_where_it_ranks_high_enough():
     """``balance``: server 0 runs a, with b waiting behind it (both had one turn, under 1
     GPU-hour); server 1 runs c, past 1 GPU-hour. In one slice order across both servers b

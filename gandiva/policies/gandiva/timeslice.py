@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from gandiva import actions as A
 from gandiva.policies.gandiva.placement import gpus_on
-from gandiva.policies.las import level
+from gandiva.policies.las import QUEUE_LIMITS, level
 from gandiva.state import Cluster, Job, JobStatus
 
 ORDERS = ("roundrobin", "las", "levels")
@@ -213,6 +213,8 @@ def slice_key(p: Gandiva, now: float, tick: bool) -> Callable[[Slot], tuple]:
         order = "roundrobin"  # jobs wait for a place on a server: keep the places moving
     half = p.quantum / 2
     hold = 0 if p.keep_turn_in_level and order == "levels" else 1
+    # the level where a job holds its turn no more (``last_level_fcfs``): none beyond the last
+    unheld = len(QUEUE_LIMITS) if p.last_level_fcfs else len(QUEUE_LIMITS) + 1
 
     def key(s: Slot) -> tuple:
         started = s.started
@@ -227,7 +229,8 @@ def slice_key(p: Gandiva, now: float, tick: bool) -> Callable[[Slot], tuple]:
         if not tick or started is None or now - started < half:
             return (-s.priority, 0, turn, s.seq)  # keeps its turn
         if order != "roundrobin":  # competes on attained service like the others, before
-            return (-s.priority, 1, turn, hold, s.seq)  # those waiting in its level if held
+            # those waiting in its level if held
+            return (-s.priority, 1, turn, hold if turn < unheld else 1, s.seq)
         # round-robin: a job whose turn is over goes behind those waiting, and the one that
         # has run longest gives way first (ordering it by when its turn began, like a waiting
         # job, kept a job that never stopped first in line for ever)
