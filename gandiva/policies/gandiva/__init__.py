@@ -11,15 +11,15 @@ Each introspective step can be switched off to measure it alone, e.g. ``gandiva:
 
 Beyond the paper, by default (issue 17: the paper's round-robin lost to LAS by up to 1.6x in
 mean JCT when jobs are wide): time slices ordered by attained-service level, a job never run
-first, and a running job keeps its turn within its level but the last (``slice_order``,
-``keep_turn_in_level``, ``last_level_fcfs``); one slice order across the servers that rotate
-(``balance``), and across every server with jobs, time-slicing or not (``balance_all``);
-and, when no server has a place for a newcomer, the place of the job with the most attained
-service (``las_admission``); a gang takes only the GPUs it uses on its servers at its turn
-(``gang_shares``), a waiting job takes its turn off a running gang's servers where it can
-(``spare_gangs``), and a waiting gang with no room at home takes GPUs a round leaves idle
-elsewhere (``idle_to_gangs``). The paper's policy is
-``gandiva:slice_order=roundrobin:-balance:-las_admission:-gang_shares``.
+first, and a running job keeps its turn within its level (``slice_order``,
+``keep_turn_in_level``; ``last_level_fcfs`` would make the last level first come first
+served); one slice order across the servers that rotate (``balance``), and across every
+server with jobs, time-slicing or not (``balance_all``); and, when no server has a place for
+a newcomer, the place of the job with the most attained service (``las_admission``); a gang
+takes only the GPUs it uses on its servers at its turn (``gang_shares``), a waiting job
+takes its turn off a running gang's servers where it can (``spare_gangs``), and a waiting
+gang with no room at home takes GPUs a round leaves idle elsewhere (``idle_to_gangs``). The
+paper's policy is ``gandiva:slice_order=roundrobin:-balance:-las_admission:-gang_shares``.
 """
 
 from __future__ import annotations
@@ -75,18 +75,20 @@ class Gandiva:
     # gavel-philly-2869ce 1.008 -> 1.036, allocation at least both others' in 43 cells, not
     # 47 (README, policy-matrix-gandiva_-idle_to_gangs-2026-12-04.txt)
     keep_turn_in_level: bool = True
-    # ...but not in the last level, which no job leaves: there a job would keep its turn to
-    # the end, ahead of every job that came to that level before it; first come first served
-    # there, as in Tiresias (and the las policy). Decision (2026-12-04): on. A 32-GPU gang
-    # that came to the last level while a 16- and an 8-GPU gang waited there ran its 718
-    # min first (pollux-realistic-8, long queue: 1.068 of LAS's mean JCT). Over the policy
-    # matrix: at or below LAS in 79 of 88 cells, not 78; the gang cells pollux-realistic-8
-    # (long) 1.068 -> 1.006, gavel-philly-2869ce 1.036 -> 1.007, pollux-realistic-1 and -5
-    # (long) 1.024 and 1.004 -> 0.979 and 0.974; but the geometric mean 0.806 -> 0.819,
-    # pollux-realistic-7 (long) 0.934 -> 1.012, pollux-2 (long) 0.70 -> 0.85, the overloaded
-    # Philly cells' leads smaller (gavel-philly-6214e9, long, 0.20 -> 0.28); allocation at
-    # least both others' in 42 cells, not 44 (README, policy-matrix-2026-12-04.txt)
-    last_level_fcfs: bool = True
+    # ...or not in the last level, which no job leaves: there a held job keeps its turn to
+    # the end, ahead of every job that came to that level before it; with last_level_fcfs
+    # that level is first come first served, as in Tiresias (and the las policy). A 32-GPU
+    # gang that came to the last level while a 16- and an 8-GPU gang waited there ran its
+    # 718 min first (pollux-realistic-8, long queue: 1.068 of LAS's mean JCT). Decision
+    # (2026-12-04): off. Over the policy matrix it wins one cell more (79 of 88, not 78):
+    # pollux-realistic-8 (long) 1.068 -> 1.006, gavel-philly-2869ce 1.036 -> 1.007,
+    # pollux-realistic-1 and -5 (long) 1.024 and 1.004 -> 0.979 and 0.974; but the geometric
+    # mean goes 0.806 -> 0.819, pollux-realistic-7 (long) 0.934 -> 1.012, pollux-2 (long)
+    # 0.70 -> 0.85, the overloaded Philly cells lead by less (gavel-philly-6214e9, long, 0.20
+    # -> 0.28), allocation at least both others' in 42 cells, not 44; and on the issue's own
+    # command (16x4) pollux-4 goes 47.2 -> 50.1 min against LAS's 49.3 (README,
+    # policy-matrix-gandiva_last_level_fcfs-2026-12-04.txt)
+    last_level_fcfs: bool = False
     # beyond the paper: one slice order across all servers rotating at a round, not one per
     # server, as LAS has one across the cluster: a waiting job moves to a server where it ranks
     # high enough to run (timeslice.rebalance). Without it a short job waits behind its own
@@ -148,7 +150,7 @@ class Gandiva:
     # (long) 0.59 -> 0.66, pollux-6 (long) 0.94 -> 0.99. Taking room any later job in the
     # order had (as LAS does), or more servers than its home: 1.09 on pollux-6 (long) and
     # 1.11 on pollux-realistic-8 (long), philly (short) 0.62 -> 0.76 (spread gangs run
-    # slower; README, policy-matrix-gandiva_-last_level_fcfs-2026-12-04.txt)
+    # slower; README, policy-matrix-2026-12-04.txt)
     idle_to_gangs: bool = True
     # round-robin slices while jobs wait for a place on a server, the earlier answer to the
     # starving of places' holders (6c71a0 long 31,095 -> 11,673 min, LAS 20,856). Decision
