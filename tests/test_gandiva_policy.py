@@ -631,17 +631,17 @@ def test_a_scan_that_found_no_job_to_send_back_for_a_width_decides_as_one_that_l
     jobs = busy_jobs(trace_name, count)
     policy = type(make_policy("gandiva"))
     looks = []
-    real = admission.displace
+    real = admission.most_served
 
-    def counted(p, cluster, job):
+    def counted(p, cluster, job, floor):
         looks.append(job.id)
-        return (yield from real(p, cluster, job))
+        return real(p, cluster, job, floor)
 
-    monkeypatch.setattr(admission, "displace", counted)
+    monkeypatch.setattr(admission, "most_served", counted)
 
     class LooksAgain(policy):
         def _place(self, cluster, job, first=False):
-            self._no_victim.clear()
+            self.no_victim.clear()
             return super()._place(cluster, job, first)
 
     def simulate(policy):

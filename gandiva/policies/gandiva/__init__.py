@@ -225,7 +225,9 @@ class Gandiva:
         self.spread: dict[str, None] = {}
         self.elastic_jobs: dict[str, None] = {}
         self._placed_on: set[int] = set()
-        self._no_victim: dict[int, tuple[int, float]] = {}  # (``_place_waiting``)
+        # per width, the priority and service of the last job ``admission.displace`` found no
+        # job to send back for, in this scan of the queue since its last placing
+        self.no_victim: dict[int, tuple[int, float]] = {}
         self.idle_since: dict[int, float] = {}
         self.defrags = 0
         # The last scan of the waiting jobs placed none and made no action, and since then
@@ -441,11 +443,7 @@ class Gandiva:
                 return
             widths = {cluster.jobs[j].num_gpus for j in self.unassigned.first(i)}
         changed = False
-        # per width, the job for which ``admission.displace`` last found no job to send back
-        # since the last placing: a job with no higher priority and no less service finds
-        # none either. Each try walks every server's jobs: on the overloaded Philly replay
-        # (fidelity.py) the tries of a scan, at every event, made most of its 490 s
-        self._no_victim = {}
+        self.no_victim = {}  # (``admission.displace``)
         while i < min(self.scan_depth, len(self.unassigned)):
             job = cluster.jobs[self.unassigned[i]]
             head = job.num_gpus not in widths
@@ -454,7 +452,7 @@ class Gandiva:
             changed = changed or placed or acted
             if placed:
                 self.unassigned.discard(job.id)
-                self._no_victim.clear()
+                self.no_victim.clear()
             else:
                 i += 1
         self._stuck = not changed
@@ -503,14 +501,9 @@ class Gandiva:
                 choice = choose_server(job, cluster, self.book, self.max_height,
                                        self.oversubscribe, head=first)
         if choice is None and self.las_admission:
-            failed = self._no_victim.get(job.num_gpus)
-            if failed is None or failed[0] < job.priority or \
-                    failed[1] > job.attained_at(cluster.now):
-                if (yield from admission.displace(self, cluster, job)):
-                    choice = choose_server(job, cluster, self.book, self.max_height,
-                                           self.oversubscribe, head=first)
-                else:
-                    self._no_victim[job.num_gpus] = (job.priority, job.attained_at(cluster.now))
+            if (yield from admission.displace(self, cluster, job)):
+                choice = choose_server(job, cluster, self.book, self.max_height,
+                                       self.oversubscribe, head=first)
         if choice is None:
             return False
         server, starts = choice

@@ -39,9 +39,29 @@ def _send_back(p: Gandiva, cluster: Cluster, victim: Job) -> Iterator[A.Action]:
 
 
 def displace(p: Gandiva, cluster: Cluster, job: Job) -> Generator[A.Action, None, bool]:
-    """Free one place of ``job``'s width on any server; False if none may go."""
+    """Free one place of ``job``'s width on any server; False if none may go.
+
+    A job with no higher priority and no less service than one of its width that found none
+    (``Gandiva.no_victim``, since the scan of the queue last placed a job) finds none either,
+    and does not look: each look walks every server's jobs, and on the overloaded Philly
+    replay (fidelity.py) the looks of the scans, at every event, made most of its 490 s."""
+    n = job.num_gpus
+    attained = job.attained_at(cluster.now)
+    failed = p.no_victim.get(n)
+    if failed is not None and failed[0] >= job.priority and failed[1] <= attained:
+        return False
+    victim = most_served(p, cluster, job, attained + p.displace_margin)
+    if victim is None:
+        p.no_victim[n] = (job.priority, attained)
+        return False
+    yield from _send_back(p, cluster, victim)
+    return True
+
+
+def most_served(p: Gandiva, cluster: Cluster, job: Job, floor: float) -> Job | None:
+    """The 1-server job of ``job``'s width, and no higher priority, with the most service
+    above ``floor``, on any server; None if there is none."""
     now, n = cluster.now, job.num_gpus
-    floor = job.attained_at(now) + p.displace_margin
     best: tuple[float, Job] | None = None
     for node in cluster.nodes:
         if not node.up or node.size < n:
@@ -53,10 +73,7 @@ def displace(p: Gandiva, cluster: Cluster, job: Job) -> Generator[A.Action, None
             served = other.attained_at(now)
             if served > floor and (best is None or served > best[0]):
                 best = (served, other)
-    if best is None:
-        return False
-    yield from _send_back(p, cluster, best[1])
-    return True
+    return None if best is None else best[1]
 
 
 def make_room(p: Gandiva, cluster: Cluster, job: Job) -> Iterator[A.Action]:

@@ -127,15 +127,22 @@ def gang_share(p: Gandiva, sl: Slot, room: dict[int, int], size: dict[int, int]
     With ``gang_shares`` it takes what it needs, server by server in home order (a running
     gang: what it holds), and narrower jobs may have the rest; without, it takes its servers
     whole, and only servers no job before it took room on."""
-    if not p.gang_shares:
-        if any(room[t] < size[t] for t in sl.home):
-            return None
-        return tuple(size[t] for t in sl.home)
-    if sl.gpus:
+    if sl.gpus and p.gang_shares:
         return sl.share if all(room[t] >= k for t, k in zip(sl.home, sl.share, strict=True)) \
             else None
-    left, share = sl.width, []
-    for t in sl.home:
+    return share_on(p, sl.home, sl.width, room, size)
+
+
+def share_on(p: Gandiva, home: tuple[int, ...], width: int, room: dict[int, int],
+             size: dict[int, int]) -> tuple[int, ...] | None:
+    """The GPUs a waiting gang of ``width`` takes on each server of ``home`` given the
+    ``room`` left there (``gang_share``); None if it does not fit."""
+    if not p.gang_shares:
+        if any(room[t] < size[t] for t in home):
+            return None
+        return tuple(size[t] for t in home)
+    left, share = width, []
+    for t in home:
         k = min(left, room[t])
         share.append(k)
         left -= k
@@ -423,13 +430,12 @@ def idle_home(p: Gandiva, sl: Slot, room: dict[int, int], size: dict[int, int],
             break
     if found < sl.width:
         return None
-    dest.sort()
-    moved = Slot(sl.id, sl.priority, sl.seq, sl.width, tuple(dest), (), None, 0.0)
-    share = gang_share(p, moved, room, size)
+    home = tuple(sorted(dest))
+    share = share_on(p, home, sl.width, room, size)
     if share is None:
         return None
     sl.share = share
-    return moved.home
+    return home
 
 
 def stays_packed(cluster: Cluster, job: Job, run: set[str]) -> bool:
