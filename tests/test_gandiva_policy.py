@@ -405,6 +405,8 @@ def test_steps_switch_off_one_at_a_time():
         False, False, True, 30.0, "las")
     with pytest.raises(ValueError, match="slice_order"):
         make_policy("gandiva:slice_order=random")
+    with pytest.raises(ValueError, match="level_step must be 1 .* or more"):
+        make_policy("gandiva:level_step=0.5")
 
 
 # ---- failures ------------------------------------------------------------------------------
@@ -787,18 +789,19 @@ def test_a_job_keeps_its_turn_against_the_jobs_waiting_in_its_own_level():
     assert jcts(fcfs)["b"] > 3_600
 
 
-def test_in_the_last_level_jobs_take_turns_first_come_first_served():
-    """``last_level_fcfs``: a and b (4 GPUs each) reach the last level (10 GPU-hours) before
-    c, an 8-GPU gang, arrives; c runs first (a newcomer, then a lower level) until it comes to
-    the last level too, where a and b, there before it, go first. Holding its turn there (as
-    in the levels above) c would run to its end ahead of them."""
-    jobs = (job("a", 0, 4, 20_000), job("b", 0, 4, 20_000), job("c", 10_000, 8, 10_000))
-    fcfs, _ = run("2x4", "gandiva:-pack:last_level_fcfs", *jobs)
-    (t, _), = [x for x in acts(fcfs, A.Suspend, "c")]
-    assert t == pytest.approx(10_020 + 36_000 / 8, abs=60)  # c at 10 GPU-hours
-    finish = {r.spec.id: r.finish for r in fcfs.jobs}
+def test_past_tiresias_levels_a_job_holds_its_turn_till_its_service_grows_by_level_step():
+    """``level_step``: a and b (4 GPUs each) are past 10 GPU-hours, the las policy's last
+    level, when c, an 8-GPU gang, arrives. c runs first (a newcomer, then of lower levels)
+    and holds its turn in their level, but at 10 x sqrt(10) GPU-hours it comes to the next
+    one, and a and b, with less service, go first. With no levels beyond Tiresias'
+    (``level_step=1``) c would hold its turn to its end, ahead of the jobs there before it."""
+    jobs = (job("a", 0, 4, 20_000), job("b", 0, 4, 20_000), job("c", 10_000, 8, 20_000))
+    levels, _ = run("2x4", "gandiva:-pack", *jobs)
+    (t, _), = acts(levels, A.Suspend, "c")
+    assert t == pytest.approx(10_020 + 36_000 * 10 ** 0.5 / 8, abs=60)
+    finish = {r.spec.id: r.finish for r in levels.jobs}
     assert finish["a"] < finish["c"] and finish["b"] < finish["c"]
-    held, _ = run("2x4", "gandiva:-pack:-last_level_fcfs", *jobs)
+    held, _ = run("2x4", "gandiva:-pack:level_step=1", *jobs)
     assert acts(held, A.Suspend, "c") == []
     finish = {r.spec.id: r.finish for r in held.jobs}
     assert finish["c"] < finish["a"] and finish["c"] < finish["b"]

@@ -11,10 +11,10 @@ Each introspective step can be switched off to measure it alone, e.g. ``gandiva:
 
 Beyond the paper, by default (issue 17: the paper's round-robin lost to LAS by up to 1.6x in
 mean JCT when jobs are wide): time slices ordered by attained-service level, a job never run
-first, and a running job keeps its turn within its level (``slice_order``,
-``keep_turn_in_level``; ``last_level_fcfs`` would make the last level first come first
-served); one slice order across the servers that rotate (``balance``), and across every
-server with jobs, time-slicing or not (``balance_all``); and, when no server has a place for
+first, and a running job keeps its turn within its level, of which there are more than
+Tiresias' two (``slice_order``, ``keep_turn_in_level``, ``level_step``); one slice order
+across the servers that rotate (``balance``), and across every server with jobs,
+time-slicing or not (``balance_all``); and, when no server has a place for
 a newcomer, the place of the job with the most attained service (``las_admission``); a gang
 takes only the GPUs it uses on its servers at its turn (``gang_shares``), a waiting job
 takes its turn off a running gang's servers where it can (``spare_gangs``), and a waiting
@@ -75,20 +75,22 @@ class Gandiva:
     # gavel-philly-2869ce 1.008 -> 1.036, allocation at least both others' in 43 cells, not
     # 47 (README, policy-matrix-gandiva_-idle_to_gangs-2026-12-04.txt)
     keep_turn_in_level: bool = True
-    # ...or not in the last level, which no job leaves: there a held job keeps its turn to
-    # the end, ahead of every job that came to that level before it; with last_level_fcfs
-    # that level is first come first served, as in Tiresias (and the las policy). A 32-GPU
-    # gang that came to the last level while a 16- and an 8-GPU gang waited there ran its
-    # 718 min first (pollux-realistic-8, long queue: 1.068 of LAS's mean JCT). Decision
-    # (2026-12-04): off. Over the policy matrix it wins one cell more (79 of 88, not 78):
-    # pollux-realistic-8 (long) 1.068 -> 1.006, gavel-philly-2869ce 1.036 -> 1.007,
-    # pollux-realistic-1 and -5 (long) 1.024 and 1.004 -> 0.979 and 0.974; but the geometric
-    # mean goes 0.806 -> 0.819, pollux-realistic-7 (long) 0.934 -> 1.012, pollux-2 (long)
-    # 0.70 -> 0.85, the overloaded Philly cells lead by less (gavel-philly-6214e9, long, 0.20
-    # -> 0.28), allocation at least both others' in 42 cells, not 44; and on the issue's own
-    # command (16x4) pollux-4 goes 47.2 -> 50.1 min against LAS's 49.3 (README,
-    # policy-matrix-gandiva_last_level_fcfs-2026-12-04.txt)
-    last_level_fcfs: bool = False
+    # ...and under "levels", beyond Tiresias' two levels (1 and 10 GPU-hours, the las
+    # policy's), a level every time a job's attained service grows by this factor (1: none).
+    # Decision (2026-12-04): sqrt(10), two levels a decade. With the last level at 10
+    # GPU-hours, a job that reached it held its turn there to its end, ahead of every job that
+    # came there before it: a 32-GPU gang ran its 718 min ahead of an older 16- and 8-GPU gang
+    # (pollux-realistic-8, long queue: 1.068 of LAS's mean JCT); making that level first come
+    # first served, as in Tiresias, lost elsewhere (pollux-realistic-7, long, 0.934 -> 1.012;
+    # geometric mean 0.806 -> 0.819). More levels let a job hold its turn a while longer each
+    # time, so the long jobs take turns at ever longer stretches, the multi-level feedback
+    # queue's answer. Over the policy matrix: at or below LAS in 80 of 88 cells, not 78;
+    # geometric mean of gandiva/LAS 0.806 -> 0.787; pollux-realistic-8 (long) 1.068 -> 1.051,
+    # gavel-philly-2869ce 1.036 -> 1.004, pollux-realistic-1 (long) 1.024 -> 0.99,
+    # alibaba-2023 (long) 0.73 -> 0.52. A step of 10 (Tiresias' own): 79 cells, 0.789,
+    # pollux-realistic-1 (long) 1.034; of 3: 80 cells, 0.787, pollux-realistic-8 (long)
+    # 1.077 (README, policy-matrix-gandiva_level_step=*-2026-12-04.txt)
+    level_step: float = 10 ** 0.5
     # beyond the paper: one slice order across all servers rotating at a round, not one per
     # server, as LAS has one across the cluster: a waiting job moves to a server where it ranks
     # high enough to run (timeslice.rebalance). Without it a short job waits behind its own
@@ -197,6 +199,11 @@ class Gandiva:
                              f"not {self.pack_rule!r}")
         if self.quantum <= 0:
             raise ValueError("quantum must be positive (seconds)")
+        if self.level_step < 1:
+            raise ValueError(f"level_step must be 1 (no levels beyond the las policy's) or "
+                             f"more (each level's limit over the one before), not "
+                             f"{self.level_step}")
+        self.levels = timeslice.slice_levels(self.level_step)  # (GPU-seconds)
         self.book: Book | None = None  # type: ignore[assignment]
         self.unassigned = Waiting()
         # timers by instant and kind, each with the servers armed then: a round arms one

@@ -80,9 +80,9 @@ def declare(p: Gandiva, cluster: Cluster) -> None:
         if now - p.book.last_start.get(job.id, -math.inf) < q / 2:
             return  # it kept its turn in this round; in the next it competes
         attained = job.attained_at(now)
-        level = las.level(attained)
-        if level < len(las.QUEUE_LIMITS):  # when ``las.level`` will say the next one
-            limit = las.QUEUE_LIMITS[level] - las.LEVEL_TOLERANCE
+        level = las.level(attained, p.levels)
+        if level < len(p.levels):  # when ``las.level`` will say the next one
+            limit = p.levels[level] - las.LEVEL_TOLERANCE
             until = min(until, now + (limit - attained) / len(job.gpus))
     # the last round before the level changes runs (it changes nothing) and puts off again
     wake = max(nxt, math.floor(until / q) * q) if until < math.inf else math.inf

@@ -3,7 +3,8 @@
 Each round gives the server's GPUs to its jobs in order: higher priority first (a job is never
 suspended for a lower-priority one), then by the slice order. By default (``levels``) a job
 that has never run goes first, which is what gives every job early feedback, then jobs by
-Tiresias' attained-service levels; within a level the running jobs keep their turns
+Tiresias' attained-service levels, and beyond the last of those a level every ``level_step``
+times more service (``slice_levels``); within a level the running jobs keep their turns
 (``keep_turn_in_level``), and the waiting ones come first come first served; the paper's
 ``roundrobin`` gives the GPU to the job that had it least recently, and ``las`` to the least
 attained service. Packed jobs take their turns like the others, but one whose GPU-mate runs
@@ -47,6 +48,19 @@ ORDERS = ("roundrobin", "las", "levels")
 # long jobs all end late (seven 8-GPU gangs on 8 GPUs, gavel-philly-23dbec: 2.8 h mean JCT
 # under round-robin against LAS's 2.1 h)
 BY_SERVICE = ("las", "levels")
+# levels of the "levels" order are cut up to this much service: none is reached, so no job
+# holds its turn to its end in a last level (GPU-seconds: a million GPU-hours)
+LEVELS_UP_TO = 3.6e9
+
+
+def slice_levels(step: float) -> tuple[float, ...]:
+    """The limits of the "levels" order, in GPU-seconds: the las policy's (1 and 10
+    GPU-hours), then, with a ``step`` above 1, one limit every ``step`` times the one before,
+    up to ``LEVELS_UP_TO``."""
+    limits = list(QUEUE_LIMITS)
+    while step > 1 and limits[-1] < LEVELS_UP_TO:
+        limits.append(limits[-1] * step)
+    return tuple(limits)
 
 if TYPE_CHECKING:
     from gandiva.policies.gandiva import Gandiva
@@ -220,13 +234,12 @@ def slice_key(p: Gandiva, now: float, tick: bool) -> Callable[[Slot], tuple]:
         order = "roundrobin"  # jobs wait for a place on a server: keep the places moving
     half = p.quantum / 2
     hold = 0 if p.keep_turn_in_level and order == "levels" else 1
-    # the level where a job holds its turn no more (``last_level_fcfs``): none beyond the last
-    unheld = len(QUEUE_LIMITS) if p.last_level_fcfs else len(QUEUE_LIMITS) + 1
+    limits = p.levels
 
     def key(s: Slot) -> tuple:
         started = s.started
         if order == "levels":  # a job never run comes first, then by level
-            turn: float = level(s.attained) if started is not None else -1
+            turn: float = level(s.attained, limits) if started is not None else -1
         elif order == "las":
             turn = s.attained
         else:
@@ -237,7 +250,7 @@ def slice_key(p: Gandiva, now: float, tick: bool) -> Callable[[Slot], tuple]:
             return (-s.priority, 0, turn, s.seq)  # keeps its turn
         if order != "roundrobin":  # competes on attained service like the others, before
             # those waiting in its level if held
-            return (-s.priority, 1, turn, hold if turn < unheld else 1, s.seq)
+            return (-s.priority, 1, turn, hold, s.seq)
         # round-robin: a job whose turn is over goes behind those waiting, and the one that
         # has run longest gives way first (ordering it by when its turn began, like a waiting
         # job, kept a job that never stopped first in line for ever)
