@@ -311,6 +311,27 @@ def test_packing_undone_when_it_does_not_pay():
     assert sim.policy.pack_gains[0] < 1.0
 
 
+def test_a_packed_job_takes_a_gpu_that_stays_free_on_another_server():
+    """``spread_packed``: b takes e's GPU for its first turn, and e packs beside c on server
+    1. a ends on server 0; a quantum later, its GPU still free, e (the guest) resumes there
+    beside d instead of running on packed beside c, and c and e end sooner. Without it the
+    pair stays packed till a GPU of its own server comes free."""
+    jobs = (job("a", 0, 1, 600, model="vae"), job("d", 0, 1, 4000, model="vae"),
+            job("c", 1, 1, 3000, model="vae"), job("e", 1, 1, 4000, model="vae"),
+            job("b", 10, 1, 3000, model="vae"))
+    spread, _ = run("2x2:P40", "gandiva", *jobs)
+    assert [a.gpus for _, a in acts(spread, A.Pack, "e")] == [(2,)]
+    finish = {r.spec.id: r.finish for r in spread.jobs}
+    (t, _), = acts(spread, A.Unpack, "e")
+    assert t == pytest.approx(finish["a"] + 60)
+    assert [(u, a.gpus) for u, a in acts(spread, A.Resume, "e")] == [(t, (0,))]
+    packed, _ = run("2x2:P40", "gandiva:-spread_packed", *jobs)
+    (t, _), = acts(packed, A.Unpack, "e")
+    assert t > 3000
+    for j in ("c", "e"):
+        assert jcts(spread)[j] < jcts(packed)[j] - 100
+
+
 def test_under_pack_rule_jct_a_pair_that_only_beats_time_slicing_is_undone():
     """Two equal milstm jobs packed on a P40 each run at 0.59 of their speed alone: 1.19 in
     all, which beats time-slicing (the paper's rule, "gain", keeps them), but both end later

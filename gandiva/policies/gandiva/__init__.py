@@ -89,7 +89,8 @@ class Gandiva:
     # gavel-philly-2869ce 1.036 -> 1.004, pollux-realistic-1 (long) 1.024 -> 0.99,
     # alibaba-2023 (long) 0.73 -> 0.52. A step of 10 (Tiresias' own): 79 cells, 0.789,
     # pollux-realistic-1 (long) 1.034; of 3: 80 cells, 0.787, pollux-realistic-8 (long)
-    # 1.077 (README, policy-matrix-gandiva_level_step=*-2026-12-04.txt)
+    # 1.077 (README, policy-matrix-gandiva_-spread_packed-2026-12-04.txt, the default then;
+    # policy-matrix-gandiva_level_step=*-2026-12-04.txt)
     level_step: float = 10 ** 0.5
     # beyond the paper: one slice order across all servers rotating at a round, not one per
     # server, as LAS has one across the cluster: a waiting job moves to a server where it ranks
@@ -132,7 +133,8 @@ class Gandiva:
     # (1-48 GPUs) were the cells still lost to LAS. With spare_gangs and admission.make_room
     # over the policy matrix: at or below LAS in 74 of 88 cells, not 67; geometric mean of
     # gandiva/LAS 0.835 -> 0.820; pollux-6, -3 and -1 (long) 1.07, 1.04, 1.04 -> 1.00, 0.98,
-    # 0.97 (README, policy-matrix-2026-12-04.txt; without spare_gangs 72 cells, 0.822)
+    # 0.97 (README, policy-matrix-gandiva_-keep_turn_in_level-2026-12-04.txt, the default
+    # then; without spare_gangs 72 cells, 0.822)
     gang_shares: bool = True
     # a waiting 1-server job whose turn would fall on a server where a gang runs (stopping
     # the whole gang for it) takes it on the first server with room that is no gang's home,
@@ -152,7 +154,7 @@ class Gandiva:
     # (long) 0.59 -> 0.66, pollux-6 (long) 0.94 -> 0.99. Taking room any later job in the
     # order had (as LAS does), or more servers than its home: 1.09 on pollux-6 (long) and
     # 1.11 on pollux-realistic-8 (long), philly (short) 0.62 -> 0.76 (spread gangs run
-    # slower; README, policy-matrix-2026-12-04.txt)
+    # slower; README, policy-matrix-gandiva_level_step=1-2026-12-04.txt)
     idle_to_gangs: bool = True
     # round-robin slices while jobs wait for a place on a server, the earlier answer to the
     # starving of places' holders (6c71a0 long 31,095 -> 11,673 min, LAS 20,856). Decision
@@ -168,6 +170,22 @@ class Gandiva:
     # a packed pair must beat time-slicing's normalised throughput of 1.0 by this much;
     # profiles are noisy, and a pair that only ties is not worth its interference risk
     pack_min_gain: float = 0.05
+    # packing is for overload only: GPUs still free a quantum after a departure, on a server
+    # with jobs and none waiting, and no job waiting for a place, go to packed jobs of other
+    # servers, which resume there from their checkpoints (packing.spread_elsewhere; on its
+    # own server a packed job takes a free GPU at its rounds, packing.spread_out). Decision
+    # (2026-12-04): on. Without it a pair packed under a burst stayed packed, each job at
+    # part of its speed, while GPUs of other servers sat idle after the burst
+    # (gavel-artifact_evaluation, short queue: eight jobs packed on one server for 22 min
+    # while six GPUs elsewhere were idle; 1.058 of LAS's mean JCT). Over the policy matrix:
+    # at or below LAS in 81 of 88 cells, not 80; geometric mean 0.787 -> 0.784;
+    # artifact_evaluation (short) 1.058 -> 0.939, pollux-realistic-8 (long) 1.051 -> 1.033,
+    # gavel-max_min_fairness (short) 0.957 -> 0.922; no cell worse by more than 0.005.
+    # Moving at once instead: the Philly replay's mean JCT 231 -> 257 min (benchmarks/
+    # fidelity.py; the newcomers of the next seconds found the freed GPUs taken: their wait
+    # for a first turn 3.6 -> 16.7 min), against 232 with the quantum's wait (README,
+    # policy-matrix-gandiva_-spread_packed-2026-12-04.txt)
+    spread_packed: bool = True
     # what a packed pair must beat (packing.pays): "gain", the paper's, time-slicing's
     # throughput (the two normalised throughputs add up to more than 1 + pack_min_gain);
     # "jct", the mean JCT of running the two one after the other, the one with less
@@ -232,6 +250,7 @@ class Gandiva:
         self.spread: dict[str, None] = {}
         self.elastic_jobs: dict[str, None] = {}
         self._placed_on: set[int] = set()
+        self.packed_on: set[int] = set()  # servers packing packed on (``spread_packed``)
         # per width, the priority and service of the last job ``admission.displace`` found no
         # job to send back for, in this scan of the queue since its last placing
         self.no_victim: dict[int, tuple[int, float]] = {}
@@ -371,11 +390,16 @@ class Gandiva:
             yield from self._place_waiting(cluster, arrived)
         if isinstance(event, E.Departure | E.Join):  # GPUs became free, or new ones came
             yield from self._lower_height(cluster)
+            if (self.spread_packed and self.packed_on and not self.unassigned
+                    and cluster.free_count() and ("spread", -1) not in self._armed):
+                self.timer(cluster.now + self.quantum, "spread")  # (packing.spread_elsewhere)
             if self.migrate:
                 yield from migration.consolidate(self, cluster)
         for kind, server in due:
             if kind == "grow" and self.elastic:
                 yield from elastic.grow(self, cluster, server)
+            elif kind == "spread" and self.packed_on and not self.unassigned:
+                yield from packing.spread_elsewhere(self, cluster)
             elif kind == "defrag" and self.defrag:
                 yield from migration.defragment(self, cluster)
                 yield from self._place_waiting(cluster)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from gandiva import actions as A
 from gandiva import events as E
+from gandiva.policies.gandiva.placement import gpus_on
 from gandiva.state import Cluster, Job, JobStatus
 
 if TYPE_CHECKING:
@@ -131,6 +132,7 @@ def try_pack(p: Gandiva, cluster: Cluster, server: int, waiting: list[Job]
                     p, guest, host, cluster.gpus[host.gpus[0]].memory_gb):
                 continue
             yield A.Pack(guest.id, host.gpus)
+            p.packed_on.add(server)
             p.trials.start(guest.id, host.id)
             p.packed_mbt.pop(guest.id, None)
             p.packed_mbt.pop(host.id, None)
@@ -202,3 +204,35 @@ def spread_out(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
                 yield A.Resume(mover.id, target)
                 p.book.last_start[mover.id] = cluster.now
                 p.trials.end(mover.id)
+
+
+def spread_elsewhere(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
+    """GPUs free on servers with jobs, none waiting: packed jobs of other servers take them
+    (``spread_packed``, a quantum after a departure left GPUs free, if they are still free
+    and no job waits for a place), each resuming there from its checkpoint; ``spread_out``
+    is the same on the job's own server, at its rounds. An empty server is left empty: it is
+    what a gang waits for. Looks only at the servers packing packed on
+    (``Gandiva.packed_on``), forgetting those with no packed GPU left."""
+    roomy = sorted(t for have in range(1, cluster.max_free_bucket + 1)
+                   for t in cluster.nodes_with_free(have)
+                   if p.book.members[t] and not p.book.has_waiting(t, cluster))
+    for server in sorted(p.packed_on):
+        packed = False
+        for gpu in cluster.nodes[server].gpus:
+            jobs = cluster.gpus[gpu].jobs
+            if len(jobs) < 2:
+                continue
+            mover = cluster.jobs[jobs[-1]]
+            dest = next((t for t in roomy if t != server and cluster.free_gpus(t)), None) \
+                if mover.num_gpus == 1 else None
+            if dest is None:
+                packed = True
+                continue
+            yield A.Unpack(mover.id)
+            yield A.Resume(mover.id, gpus_on(cluster, dest, 1))
+            p.book.assign(mover, (dest,))
+            p.book.last_start[mover.id] = cluster.now
+            p.trials.end(mover.id)
+            packed = packed or len(cluster.gpus[gpu].jobs) > 1
+        if not packed:
+            p.packed_on.discard(server)
