@@ -17,9 +17,10 @@ across the servers that rotate (``balance``), and across every server with jobs,
 time-slicing or not (``balance_all``); and, when no server has a place for
 a newcomer, the place of the job with the most attained service (``las_admission``); a gang
 takes only the GPUs it uses on its servers at its turn (``gang_shares``), a waiting job
-takes its turn off a running gang's servers where it can (``spare_gangs``), and a waiting
-gang with no room at home takes GPUs a round leaves idle elsewhere (``idle_to_gangs``). The
-paper's policy is ``gandiva:slice_order=roundrobin:-balance:-las_admission:-gang_shares``.
+takes its turn off a running gang's servers where it can (``spare_gangs``), a waiting gang
+with no room at home takes GPUs a round leaves idle elsewhere (``idle_to_gangs``), and a
+packed job takes GPUs left idle on another server (``spread_packed``). The paper's policy
+is ``gandiva:slice_order=roundrobin:-balance:-las_admission:-gang_shares:-spread_packed``.
 """
 
 from __future__ import annotations
