@@ -426,8 +426,9 @@ def test_steps_switch_off_one_at_a_time():
         False, False, True, 30.0, "las")
     with pytest.raises(ValueError, match="slice_order"):
         make_policy("gandiva:slice_order=random")
-    with pytest.raises(ValueError, match="level_step must be 1 .* or more"):
-        make_policy("gandiva:level_step=0.5")
+    for bad in ("0.5", "1.01", "inf", "nan"):
+        with pytest.raises(ValueError, match="level_step must be 1 .* or from 1.197"):
+            make_policy(f"gandiva:level_step={bad}")
 
 
 # ---- failures ------------------------------------------------------------------------------

@@ -21,7 +21,9 @@ from gandiva.traces import load_trace
 # Plans are made only without ``balance`` (one slice order across servers links every
 # rotating server's round to every other's: rounds.unquiet), and they pay where rounds change
 # who runs: round-robin (the paper's order) suspends a job every round on every crowded server
-POLICY = "gandiva:-balance:slice_order=roundrobin:-las_admission:-gang_shares"  # the paper's
+# (the paper's order and placement, with spread_packed: its moves of packed jobs are checked
+# here too)
+POLICY = "gandiva:-balance:slice_order=roundrobin:-las_admission:-gang_shares"
 
 
 def philly_stretch(first: int = 2500, last: int = 3000):

@@ -26,6 +26,7 @@ is ``gandiva:slice_order=roundrobin:-balance:-las_admission:-gang_shares:-spread
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections import Counter
 from collections.abc import Iterator
@@ -44,6 +45,7 @@ from gandiva.policies.gandiva import (
 )
 from gandiva.policies.gandiva.book import Book, Waiting
 from gandiva.policies.gandiva.placement import choose_server, gang_gpus, gang_servers, gpus_on
+from gandiva.policies.las import QUEUE_LIMITS
 from gandiva.state import Cluster, Job, JobStatus
 
 
@@ -59,10 +61,11 @@ class Gandiva:
     quantum: float = 60.0
     # the order of time slices (timeslice.py): "roundrobin" (the paper: the job that had a GPU
     # least recently first), "las" (least attained service first), or "levels" (a job never
-    # run first, for its early feedback, then Tiresias' attained-service levels, first come
-    # first served within one). Decision: "levels". Round-robin shares the GPUs a quantum at a
-    # time among jobs that could run one after the other, so they all end late, and that lost
-    # to LAS by up to 1.6x on the Pollux workloads (benchmarks/results/policy-matrix-*.txt)
+    # run first, for its early feedback, then attained-service levels, Tiresias' and more
+    # beyond them (level_step), first come first served within one). Decision: "levels".
+    # Round-robin shares the GPUs a quantum at a time among jobs that could run one after the
+    # other, so they all end late, and that lost to LAS by up to 1.6x on the Pollux workloads
+    # (benchmarks/results/policy-matrix-*.txt)
     slice_order: str = "levels"
     # ...and under "levels", a running job whose turn is over still goes before the jobs
     # waiting in its own level: it keeps its GPUs until it reaches the next level, or a job
@@ -218,10 +221,12 @@ class Gandiva:
                              f"not {self.pack_rule!r}")
         if self.quantum <= 0:
             raise ValueError("quantum must be positive (seconds)")
-        if self.level_step < 1:
+        least = (timeslice.LEVELS_UP_TO / QUEUE_LIMITS[-1]) ** (1 / timeslice.MORE_LEVELS)
+        if not (self.level_step == 1 or least <= self.level_step < math.inf):
             raise ValueError(f"level_step must be 1 (no levels beyond the las policy's) or "
-                             f"more (each level's limit over the one before), not "
-                             f"{self.level_step}")
+                             f"from {least:.3f} (at most {timeslice.MORE_LEVELS} levels more) "
+                             f"to a finite number (each level's limit over the one before), "
+                             f"not {self.level_step}")
         self.levels = timeslice.slice_levels(self.level_step)  # (GPU-seconds)
         self.book: Book | None = None  # type: ignore[assignment]
         self.unassigned = Waiting()
@@ -391,9 +396,12 @@ class Gandiva:
             yield from self._place_waiting(cluster, arrived)
         if isinstance(event, E.Departure | E.Join):  # GPUs became free, or new ones came
             yield from self._lower_height(cluster)
+            # (packing.spread_elsewhere; a departure while one is armed waits with it: it
+            # looks at every free GPU then, whichever departure freed it)
             if (self.spread_packed and self.packed_on and not self.unassigned
-                    and cluster.free_count() and ("spread", -1) not in self._armed):
-                self.timer(cluster.now + self.quantum, "spread")  # (packing.spread_elsewhere)
+                    and cluster.free_count() and ("spread", -1) not in self._armed
+                    and packing.still_packed(self, cluster)):
+                self.timer(cluster.now + self.quantum, "spread")
             if self.migrate:
                 yield from migration.consolidate(self, cluster)
         for kind, server in due:

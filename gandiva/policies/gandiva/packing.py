@@ -206,18 +206,27 @@ def spread_out(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
                 p.trials.end(mover.id)
 
 
+def still_packed(p: Gandiva, cluster: Cluster) -> bool:
+    """Forget the servers of ``Gandiva.packed_on`` with no packed GPU left (a pair parted, a
+    job ended, the server failed); does any remain?"""
+    for server in list(p.packed_on):
+        if not any(len(cluster.gpus[g].jobs) > 1 for g in cluster.nodes[server].gpus):
+            p.packed_on.discard(server)
+    return bool(p.packed_on)
+
+
 def spread_elsewhere(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
     """GPUs free on servers with jobs, none waiting: packed jobs of other servers take them
     (``spread_packed``, a quantum after a departure left GPUs free, if they are still free
-    and no job waits for a place), each resuming there from its checkpoint; ``spread_out``
-    is the same on the job's own server, at its rounds. An empty server is left empty: it is
+    and no job waits for a place), each resuming there from its checkpoint (a free GPU of its
+    own server first: ``spread_out``, the fast path). An empty server is left empty: it is
     what a gang waits for. Looks only at the servers packing packed on
-    (``Gandiva.packed_on``), forgetting those with no packed GPU left."""
+    (``Gandiva.packed_on``)."""
     roomy = sorted(t for have in range(1, cluster.max_free_bucket + 1)
                    for t in cluster.nodes_with_free(have)
                    if p.book.members[t] and not p.book.has_waiting(t, cluster))
     for server in sorted(p.packed_on):
-        packed = False
+        yield from spread_out(p, cluster, server)
         for gpu in cluster.nodes[server].gpus:
             jobs = cluster.gpus[gpu].jobs
             if len(jobs) < 2:
@@ -226,13 +235,10 @@ def spread_elsewhere(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
             dest = next((t for t in roomy if t != server and cluster.free_gpus(t)), None) \
                 if mover.num_gpus == 1 else None
             if dest is None:
-                packed = True
                 continue
             yield A.Unpack(mover.id)
             yield A.Resume(mover.id, gpus_on(cluster, dest, 1))
             p.book.assign(mover, (dest,))
             p.book.last_start[mover.id] = cluster.now
             p.trials.end(mover.id)
-            packed = packed or len(cluster.gpus[gpu].jobs) > 1
-        if not packed:
-            p.packed_on.discard(server)
+    still_packed(p, cluster)

@@ -42,28 +42,32 @@ from gandiva.state import Cluster, Job, JobStatus
 
 ORDERS = ("roundrobin", "las", "levels")
 # the orders that read attained service. "levels": Tiresias' discretised LAS inside a round,
-# at the las policy's levels (``las.level``: 1 and 10 GPU-hours). A job never run still comes
+# at the las policy's levels (``las.level``: 1 and 10 GPU-hours) and more beyond them
+# (``slice_levels``, ``Gandiva.level_step``). A job never run still comes
 # first (its first turn is its early feedback), but jobs of one level take turns first come
 # first served instead of round by round: sharing the GPUs a quantum at a time makes equal
 # long jobs all end late (seven 8-GPU gangs on 8 GPUs, gavel-philly-23dbec: 2.8 h mean JCT
 # under round-robin against LAS's 2.1 h)
 BY_SERVICE = ("las", "levels")
-# levels of the "levels" order are cut up to this much service: none is reached, so no job
-# holds its turn to its end in a last level (GPU-seconds: a million GPU-hours)
+# levels of the "levels" order are cut until one is at or past this much service, which no
+# job reaches, so that none holds its turn to its end in a last level (GPU-seconds: a million
+# GPU-hours); and they are at most this many beyond the las policy's (``Gandiva.level_step``
+# is at least 10 ** (5 / 64), about 1.2)
 LEVELS_UP_TO = 3.6e9
+MORE_LEVELS = 64
+
+if TYPE_CHECKING:
+    from gandiva.policies.gandiva import Gandiva
 
 
 def slice_levels(step: float) -> tuple[float, ...]:
     """The limits of the "levels" order, in GPU-seconds: the las policy's (1 and 10
     GPU-hours), then, with a ``step`` above 1, one limit every ``step`` times the one before,
-    up to ``LEVELS_UP_TO``."""
+    until one is at or past ``LEVELS_UP_TO``."""
     limits = list(QUEUE_LIMITS)
     while step > 1 and limits[-1] < LEVELS_UP_TO:
         limits.append(limits[-1] * step)
     return tuple(limits)
-
-if TYPE_CHECKING:
-    from gandiva.policies.gandiva import Gandiva
 
 # The paper: suspend+resume takes <100 ms for image models, ~1 s for large ones. Estimated
 # from the job's profiled memory, the delay is charged back: the job's turn counts as having
