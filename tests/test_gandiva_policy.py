@@ -332,6 +332,24 @@ def test_a_packed_job_takes_a_gpu_that_stays_free_on_another_server():
         assert jcts(spread)[j] < jcts(packed)[j] - 100
 
 
+def test_a_packed_job_leaves_a_freed_gpu_to_a_newcomer_and_an_empty_server_empty():
+    """``spread_packed`` waits a quantum: f, arriving 12 s after a ends, takes a's GPU, and e
+    stays packed till f ends too, a quantum after which it takes the GPU. And a server left
+    empty stays empty (a gang may want it whole): c stays packed beside b to the end."""
+    jobs = (job("a", 0, 1, 600, model="vae"), job("d", 0, 1, 4000, model="vae"),
+            job("c", 1, 1, 3000, model="vae"), job("e", 1, 1, 4000, model="vae"),
+            job("b", 10, 1, 3000, model="vae"), job("f", 750, 1, 1000, model="vae"))
+    result, _ = run("2x2:P40", "gandiva", *jobs)
+    finish = {r.spec.id: r.finish for r in result.jobs}
+    assert finish["a"] < 750 < finish["a"] + 60
+    assert [(t, a.gpus) for t, a in acts(result, A.Place, "f")] == [(750, (0,))]
+    (t, _), = acts(result, A.Unpack, "e")
+    assert t == pytest.approx(finish["f"] + 60)
+    alone, _ = run("2x1:P40", "gandiva", job("a", 0, 1, 600, model="vae"),
+                   job("c", 1, 1, 3000, model="vae"), job("b", 10, 1, 3000, model="vae"))
+    assert acts(alone, A.Pack, "c") and acts(alone, A.Unpack) == []
+
+
 def test_under_pack_rule_jct_a_pair_that_only_beats_time_slicing_is_undone():
     """Two equal milstm jobs packed on a P40 each run at 0.59 of their speed alone: 1.19 in
     all, which beats time-slicing (the paper's rule, "gain", keeps them), but both end later
