@@ -45,7 +45,6 @@ from gandiva.policies.gandiva import (
 )
 from gandiva.policies.gandiva.book import Book, Waiting
 from gandiva.policies.gandiva.placement import choose_server, gang_gpus, gang_servers, gpus_on
-from gandiva.policies.las import QUEUE_LIMITS
 from gandiva.state import Cluster, Job, JobStatus
 
 
@@ -221,10 +220,10 @@ class Gandiva:
                              f"not {self.pack_rule!r}")
         if self.quantum <= 0:
             raise ValueError("quantum must be positive (seconds)")
-        least = (timeslice.LEVELS_UP_TO / QUEUE_LIMITS[-1]) ** (1 / timeslice.MORE_LEVELS)
-        if not (self.level_step == 1 or least <= self.level_step < math.inf):
+        if not (self.level_step == 1 or timeslice.LEAST_STEP <= self.level_step < math.inf):
             raise ValueError(f"level_step must be 1 (no levels beyond the las policy's) or "
-                             f"from {least:.3f} (at most {timeslice.MORE_LEVELS} levels more) "
+                             f"from {timeslice.LEAST_STEP:.3f} (at most "
+                             f"{timeslice.MORE_LEVELS} levels more) "
                              f"to a finite number (each level's limit over the one before), "
                              f"not {self.level_step}")
         self.levels = timeslice.slice_levels(self.level_step)  # (GPU-seconds)

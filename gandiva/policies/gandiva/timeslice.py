@@ -51,10 +51,11 @@ ORDERS = ("roundrobin", "las", "levels")
 BY_SERVICE = ("las", "levels")
 # levels of the "levels" order are cut until one is at or past this much service, which no
 # job reaches, so that none holds its turn to its end in a last level (GPU-seconds: a million
-# GPU-hours); and they are at most this many beyond the las policy's (``Gandiva.level_step``
-# is at least 10 ** (5 / 64), about 1.2)
+# GPU-hours); and they are at most this many beyond the las policy's, so ``Gandiva.level_step``
+# is 1 (none) or at least ``LEAST_STEP`` (10 ** (5 / 64), about 1.2)
 LEVELS_UP_TO = 3.6e9
 MORE_LEVELS = 64
+LEAST_STEP = (LEVELS_UP_TO / QUEUE_LIMITS[-1]) ** (1 / MORE_LEVELS)
 
 if TYPE_CHECKING:
     from gandiva.policies.gandiva import Gandiva
