@@ -397,10 +397,15 @@ def test_a_sweep_stops_trials_at_its_rungs_promotes_the_rest_and_names_the_best(
         for t in stopped:
             at = max(t["rungs"], key=int)
             assert t["state"] == "cancelled" and f"rung {at}:" in t["reason"], t
-            kinds = [e["kind"] for e in
-                     c.get(f"/v1/jobs/{t['job_id']}/events", headers=auth).json()]
+            events = c.get(f"/v1/jobs/{t['job_id']}/events", headers=auth).json()
+            kinds = [e["kind"] for e in events]
             assert "sweep-stopped" in kinds and kinds[-1] == "cancelled"
-            assert t["step"] < 2000  # stopped long before its end
+            paused = [e["data"]["why"] for e in events if e["kind"] == "sweep-paused"]
+            assert paused, kinds
+            if "once others reached the rung" not in paused[-1]:
+                assert t["step"] < 2000  # judged out on coming to its rung: held there,
+            # long before its end; one let through for want of company runs on (ASHA: the
+            # first there goes on) and may end its steps before the others catch it up
         for t in sweep["trials"]:
             if t["decision"] == "promoted":  # one more priority for each rung passed (the
                 # lead at the first rung: one above them all, while it ran)
