@@ -121,8 +121,7 @@ def main() -> None:
         rows = [row(task) for task in tasks]
     wall = time.perf_counter() - t_all
     table = Table(title=f"mean JCT min (p95) · first feedback min · allocation (useful); "
-                        f"{jobs} jobs "
-                        f"per trace; wall {wall:.0f} s")
+                        f"{jobs} jobs per trace; wall {wall:.0f} s")
     for col in ("trace", "load", "cluster", *POLICIES, "gandiva/LAS", "win"):
         table.add_column(col, justify="left" if col in ("trace", "load", "cluster") else "right")
     for r in rows:

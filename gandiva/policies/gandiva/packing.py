@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from gandiva import actions as A
 from gandiva import events as E
 from gandiva.policies.gandiva.placement import gpus_on
+from gandiva.policies.gandiva.timeslice import free_elsewhere
 from gandiva.state import Cluster, Job, JobStatus
 
 if TYPE_CHECKING:
@@ -199,11 +200,16 @@ def spread_out(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
         if len(jobs) > 1 and free:
             mover = cluster.jobs[jobs[-1]]
             if mover.num_gpus == 1:
-                target = (free[0],)
-                yield A.Unpack(mover.id)
-                yield A.Resume(mover.id, target)
-                p.book.last_start[mover.id] = cluster.now
-                p.trials.end(mover.id)
+                yield from unpack_to(p, cluster, mover, (free[0],))
+
+
+def unpack_to(p: Gandiva, cluster: Cluster, mover: Job, gpus: tuple[int, ...]
+              ) -> Iterator[A.Action]:
+    """A packed job leaves its GPU-mate and resumes alone on ``gpus``."""
+    yield A.Unpack(mover.id)
+    yield A.Resume(mover.id, gpus)
+    p.book.last_start[mover.id] = cluster.now
+    p.trials.end(mover.id)
 
 
 def still_packed(p: Gandiva, cluster: Cluster) -> bool:
@@ -222,23 +228,16 @@ def spread_elsewhere(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
     own server first: ``spread_out``, the fast path). An empty server is left empty: it is
     what a gang waits for. Looks only at the servers packing packed on
     (``Gandiva.packed_on``)."""
-    roomy = sorted(t for have in range(1, cluster.max_free_bucket + 1)
-                   for t in cluster.nodes_with_free(have)
-                   if p.book.members[t] and not p.book.has_waiting(t, cluster))
     for server in sorted(p.packed_on):
         yield from spread_out(p, cluster, server)
         for gpu in cluster.nodes[server].gpus:
             jobs = cluster.gpus[gpu].jobs
-            if len(jobs) < 2:
+            if len(jobs) < 2 or cluster.jobs[jobs[-1]].num_gpus != 1:
                 continue
-            mover = cluster.jobs[jobs[-1]]
-            dest = next((t for t in roomy if t != server and cluster.free_gpus(t)), None) \
-                if mover.num_gpus == 1 else None
+            dest = free_elsewhere(p, cluster, server, 1, with_jobs=True)
             if dest is None:
                 continue
-            yield A.Unpack(mover.id)
-            yield A.Resume(mover.id, gpus_on(cluster, dest, 1))
+            mover = cluster.jobs[jobs[-1]]
+            yield from unpack_to(p, cluster, mover, gpus_on(cluster, dest, 1))
             p.book.assign(mover, (dest,))
-            p.book.last_start[mover.id] = cluster.now
-            p.trials.end(mover.id)
     still_packed(p, cluster)

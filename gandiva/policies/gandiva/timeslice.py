@@ -80,13 +80,16 @@ def switch_delay(memory_gb: float | None) -> float:
     return SWITCH_FIXED_S + SWITCH_PER_GB_S * (memory_gb or 0.0)
 
 
-def free_elsewhere(p: Gandiva, cluster: Cluster, server: int, count: int) -> int | None:
+def free_elsewhere(p: Gandiva, cluster: Cluster, server: int, count: int,
+                   with_jobs: bool = False) -> int | None:
     """The first server (by id) other than ``server`` with ``count`` free GPUs and no job
-    waiting for them."""
+    waiting for them; with ``with_jobs``, only one that has jobs (an empty server is left for
+    a gang: ``packing.spread_elsewhere``)."""
     roomy = sorted(s for have in range(count, cluster.max_free_bucket + 1)
                    for s in cluster.nodes_with_free(have))
     for s in roomy:
-        if s != server and not p.book.has_waiting(s, cluster):
+        if (s != server and not p.book.has_waiting(s, cluster)
+                and (p.book.members[s] or not with_jobs)):
             return s
     return None
 
