@@ -31,6 +31,7 @@ from gandiva.backends.nodes import Nodes
 from gandiva.backends.requests import Requests
 from gandiva.job import wire
 from gandiva.node.agent import ACK_TIMEOUT_S, Agent, AgentEvent, Launch
+from gandiva.node.devices import HEADROOM
 from gandiva.run import COUNTED, JobRun, RunResult, no_counts
 from gandiva.scheduler import Scheduler
 from gandiva.spec import TERMINAL, JobSpec, JobState
@@ -38,7 +39,7 @@ from gandiva.state import GPU, Cluster, JobStatus, Node
 
 
 def detect_devices(slots: int | None = None, threads: int = 1) -> tuple[list[str], str, float]:
-    """This machine's devices: (names, type, memory per device in GB)."""
+    """This machine's devices: (names, type, memory per device in GB that jobs may use)."""
     try:
         import torch
 
@@ -49,7 +50,8 @@ def detect_devices(slots: int | None = None, threads: int = 1) -> tuple[list[str
         n = min(gpus, slots) if slots else gpus
         props = torch.cuda.get_device_properties(0)
         kind = props.name.replace("NVIDIA", "").split()[0].upper()
-        return [f"cuda:{i}" for i in range(n)], kind, props.total_memory / 2**30
+        usable = props.total_memory / 2**30 * (1 - HEADROOM)  # what jobs may count on
+        return [f"cuda:{i}" for i in range(n)], kind, usable
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     n = slots or max(1, (cores or 1) // threads)
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -151,7 +153,7 @@ class Driver:
             self.cluster = one_node(devices, kind, memory)
             extra = {} if max_restarts is None else {"max_restarts": max_restarts}
             nodes = Agent(workdir, devices, threads=threads,
-                          checkpoint_every_s=checkpoint_every_s, **extra)
+                          checkpoint_every_s=checkpoint_every_s, memory_gb=memory, **extra)
         else:
             self.cluster = nodes.cluster()
         self.devices = nodes.devices

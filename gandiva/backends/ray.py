@@ -76,7 +76,7 @@ class NodeAgent:
         # Ray set CUDA_VISIBLE_DEVICES to the GPUs this actor claimed; without CUDA, the
         # claimed GPU resources become as many CPU slots
         devices, kind, memory = detect_devices(slots, threads)
-        self.agent = Agent(Path(workdir), devices, threads=threads,
+        self.agent = Agent(Path(workdir), devices, threads=threads, memory_gb=memory,
                            checkpoint_every_s=checkpoint_every_s, max_restarts=max_restarts)
         self.about = {"node_id": ray.get_runtime_context().get_node_id(),
                       "ip": ray.util.get_node_ip_address(), "devices": devices, "kind": kind,

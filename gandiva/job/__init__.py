@@ -14,8 +14,12 @@ The script owns what is in its state; the scheduler owns where and when it runs.
 through ``steps`` is a mini-batch boundary, a safe point: the job checks its control channel
 (without blocking: microseconds) and obeys the agent:
 
-- ``suspend``: move the registered state to host memory, free device memory (the CUDA caching
-  allocator too), block; ``resume`` onto the device the agent names, maybe another one;
+- ``suspend``: move the registered state to host memory, free what device memory can be
+  freed (the caching allocator's blocks, cuBLAS workspaces), report what the process still
+  holds (NVML: its CUDA context and what the script keeps), block; ``resume`` on the same
+  device. A job moved to other devices is restarted from a checkpoint there (see the agent),
+  unless its loop reads ``job.device`` at every step and says so: ``steps(n, in_place=True)``;
+- ``limit``: keep the caching allocator within a cap (a job packed with another on a GPU);
 - ``checkpoint``: write the state atomically to the job's checkpoint directory, then go on or
   exit (migration, preemption, resize);
 - it reports mini-batch time, samples/s and memory, batched to one message a second.
@@ -49,7 +53,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from gandiva.job import checkpoint, wire
+from gandiva.job import checkpoint, nvml, wire
 
 REPORT_INTERVAL_S = 1.0  # profile messages are batched: one a second at most...
 # ...but after a start or a resume, the first windows are shorter (this, then twice this, up
@@ -97,6 +101,11 @@ class Job:
         # the cores this process may use, before it pins itself to its slot's share of them
         self._cores = (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                        else [])
+        # GPUs that are CPU slots underneath (the agent's ``cpu_backed``: tests without GPUs)
+        self._cpu_backed = env.get("GANDIVA_CPU_BACKED") == "1"
+        self.in_place = False  # the loop reads job.device at every step (see ``steps``)
+        self.memory_cap_gb: float | None = None  # the agent's cap while packed (``limit``)
+        self._peak_gb = 0.0
         self.device = self._use_device(env.get("GANDIVA_DEVICE", "cpu"))
         self._pg: Any = None  # torch.distributed, once the gang's group exists
         self._control: Any = None  # the group ranks agree through (None: the default group)
@@ -116,10 +125,12 @@ class Job:
         import torch
 
         kind, _, index = name.partition(":")
-        if kind == "cuda":
+        torch.set_num_threads(self.threads)  # torch's pool was sized before (a warm start)
+        if kind == "cuda" and not self._cpu_backed:
             torch.cuda.set_device(int(index or 0))
             return torch.device("cuda", int(index or 0))
-        torch.set_num_threads(self.threads)
+        if kind == "cuda":
+            return torch.device("cpu")
         if index and self._cores:
             first = int(index) * self.threads
             cores = self._cores
@@ -256,8 +267,12 @@ class Job:
         return total
 
     # ---- the loop -----------------------------------------------------------------------
-    def steps(self, total: int) -> Iterator[int]:
-        """Mini-batch indices from the restored step to ``total``; a safe point between each."""
+    def steps(self, total: int, in_place: bool = False) -> Iterator[int]:
+        """Mini-batch indices from the restored step to ``total``; a safe point between each.
+        ``in_place``: the loop reads ``job.device`` at every step (nothing of the state is
+        bound to a device elsewhere), so the job may be moved to another GPU without a
+        restart; otherwise a move restarts it from a checkpoint of the step it is at."""
+        self.in_place = in_place
         self.distributed()
         self.restore()
         self.started()
@@ -269,7 +284,7 @@ class Job:
     # what ``steps`` does, for loops that are not ours (the framework integrations)
     def started(self) -> None:
         """Training begins (after any restore): the agent may steer the job from here on."""
-        self._send(wire.Started(self.step, self.restored_from))
+        self._send(wire.Started(self.step, self.restored_from, self.in_place))
 
     def boundary(self) -> None:
         """A mini-batch has ended: a safe point, where the job obeys the agent."""
@@ -334,7 +349,8 @@ class Job:
             self._flush_report(force=True)
             t0 = time.perf_counter()
             self._to("cpu")
-            self._send(wire.Suspended(self.step, time.perf_counter() - t0))
+            held = nvml.held_gb() if self.device.type == "cuda" else 0.0
+            self._send(wire.Suspended(self.step, time.perf_counter() - t0, held))
             command = self._wait()  # blocked until the agent says what next
             if isinstance(command, wire.Resume):
                 t0 = time.perf_counter()
@@ -344,25 +360,42 @@ class Job:
                 self._new_window(first=True)
                 return None
             return command
+        if isinstance(command, wire.Limit):
+            self.limit(command.memory_gb)
+            return None
         raise ValueError(f"unknown command {command!r}")
 
-    def _to(self, device) -> None:
-        """Move the registered state between the device and host memory."""
+    def limit(self, memory_gb: float | None) -> None:
+        """Keep this process's caching allocator within ``memory_gb`` of its GPU (None: the
+        whole GPU). Past it, an allocation raises ``torch.OutOfMemoryError`` in this job
+        only; its partner's memory is never taken."""
         import torch
 
-        if self.device.type != "cuda" and str(device) in ("cpu", "cpu:0"):
+        self.memory_cap_gb = memory_gb
+        if self.device.type != "cuda":
+            return
+        total = torch.cuda.get_device_properties(self.device).total_memory / 2**30
+        fraction = 1.0 if memory_gb is None else max(0.0, min(1.0, memory_gb / total))
+        torch.cuda.set_per_process_memory_fraction(fraction, self.device)
+
+    def _to(self, device) -> None:
+        """Move the registered state between the device and host memory: modules, then
+        each optimizer's state as ``load_state_dict`` places it beside its parameters
+        (``step`` with them for fused and capturable optimizers, on the CPU otherwise)."""
+        import torch
+
+        if self.device.type != "cuda":
             return  # CPU slots: the state is in host memory already
         for obj in self.objects.values():
             if isinstance(obj, torch.nn.Module):
                 obj.to(device)
-            elif isinstance(obj, torch.optim.Optimizer):
-                for per_param in obj.state.values():
-                    for k, v in per_param.items():
-                        if torch.is_tensor(v) and k != "step":
-                            per_param[k] = v.to(device)
-        if str(device).startswith("cpu") and torch.cuda.is_available():
+        for obj in self.objects.values():
+            if isinstance(obj, torch.optim.Optimizer) and obj.state:
+                obj.load_state_dict(obj.state_dict())
+        if str(device).startswith("cpu"):
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
+            torch._C._cuda_clearCublasWorkspaces()
 
     # ---- the channel --------------------------------------------------------------------
     def _send(self, message: wire.Report) -> None:
@@ -482,22 +515,29 @@ class Job:
         return out
 
     def _memory_gb(self) -> float:
+        """The most device memory the process held so far: NVML's count (context, caching
+        allocator's reserve) where it has one, else the allocator's own reserve."""
         import torch
 
         if self.device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.device) / 2**30
+            held = nvml.held_gb()
+            if held is None:
+                held = torch.cuda.max_memory_reserved(self.device) / 2**30
+            self._peak_gb = max(self._peak_gb, held)
+            return self._peak_gb
         # Linux reports ru_maxrss in KiB
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
     def _utilization(self, cpu_s: float, wall_s: float) -> float:
-        """CPU slots: the share of the window this process computed (over its threads)."""
+        """The share of the window this process computed: on a GPU, its own samples in
+        NVML (not a packed partner's); on CPU slots, its CPU time over its threads."""
         import torch
 
         if self.device.type == "cuda":
-            try:
-                return torch.cuda.utilization(self.device) / 100.0
-            except Exception:  # no NVML: unknown, report full
-                return 1.0
+            uuid = f"GPU-{torch.cuda.get_device_properties(self.device).uuid}"
+            since = int((time.time() - wall_s) * 1e6)
+            own = nvml.utilization(uuid, since)
+            return 1.0 if own is None else own  # unknown: counted busy, never packed on
         return min(1.0, cpu_s / (wall_s * self.threads)) if wall_s else 0.0
 
 

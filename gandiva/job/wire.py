@@ -41,6 +41,15 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
+class Limit:
+    """Keep the device memory this process's allocator holds within ``memory_gb`` (None: no
+    cap): set while the job shares its GPU with another."""
+
+    memory_gb: float | None
+    op: ClassVar[str] = "limit"
+
+
+@dataclass(frozen=True)
 class Fork:
     """(To the zygote, ``gandiva.job.warm``.) Fork a warm process whose control channel is
     the socket sent with this message (SCM_RIGHTS)."""
@@ -60,7 +69,7 @@ class Become:
     op: ClassVar[str] = "become"
 
 
-Command = Suspend | Resume | Checkpoint | Fork | Become
+Command = Suspend | Resume | Checkpoint | Limit | Fork | Become
 
 
 # ---- reports: job -> agent ------------------------------------------------------------------
@@ -102,6 +111,7 @@ class Hello:
 class Started:
     step: int
     restored: int | None  # the step of the checkpoint it restored from, if any
+    in_place: bool = False  # it reads job.device at every step: it may move in place
     ev: ClassVar[str] = "started"
 
 
@@ -125,6 +135,7 @@ class Profile:
 class Suspended:
     step: int
     seconds: float  # moving the state to host memory took
+    held_gb: float | None = None  # device memory the process still holds (NVML), if known
     ev: ClassVar[str] = "suspended"
 
 
@@ -152,7 +163,7 @@ class Done:
 Report = (Ready | Forked | Exited | Hello | Started | Profile | Suspended | Resumed | Checkpointed
           | Done)
 
-COMMANDS = {c.op: c for c in (Suspend, Resume, Checkpoint, Fork, Become)}
+COMMANDS = {c.op: c for c in (Suspend, Resume, Checkpoint, Limit, Fork, Become)}
 REPORTS = {r.ev: r for r in (Ready, Forked, Exited, Hello, Started, Profile, Suspended,
                               Resumed, Checkpointed, Done)}
 

@@ -14,11 +14,16 @@ from its last checkpoint, up to ``max_restarts`` times, as torchrun does; after 
 with its exit status and the end of its log as the reason. The agent itself never dies of a
 job's failure.
 
-Decision: on GPUs, the rank with LOCAL_RANK r sees its own GPU as ``cuda:r`` (r-th in
-CUDA_VISIBLE_DEVICES), as under torchrun, so unmodified scripts use the right one: a
-one-GPU script's ``cuda:0``, a torchrun script's ``cuda:LOCAL_RANK``. The node's other GPUs
-fill the other places, so the library can resume a job on another GPU of the node without
-a restart.
+Decision: on GPUs, every process of a job sees its job's GPUs and no others, the rank with
+LOCAL_RANK r its own as ``cuda:r``, as under torchrun, so unmodified scripts use the right
+one (a one-GPU script's ``cuda:0``, a torchrun script's ``cuda:LOCAL_RANK``), and the names
+go through the agent's own CUDA_VISIBLE_DEVICES (see ``gandiva.node.devices``). A job moves
+to other GPUs by a restart from a checkpoint of the step it stopped at: frameworks keep
+their device in places the library cannot reach (Lightning's root device, HF's
+``args.device``, DDP's ``device_ids``, fused optimizers' ``step``). Only a one-process job
+that declared it reads ``job.device`` at every step (``Job.steps(in_place=True)``) moves in
+place. A one-process job whose command is not torchrun gets no torchrun environment, as
+when its user runs ``python script.py`` (HF's Trainer would wrap it in DDP otherwise).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from gandiva.job import wire
+from gandiva.node import devices as gpus
 from gandiva.node import torchrun
 from gandiva.node.zygote import Forked, Zygote
 
@@ -92,6 +98,7 @@ class _Rank:
     visible: list[int]  # the devices it can see, in order (GPUs: cuda:i is visible[i])
     buf: bytes = b""
     exit: int | None = None
+    cap_gb: float | None = None  # the memory cap it was last sent (packed), if any
 
 
 @dataclass
@@ -107,6 +114,7 @@ class _Job:
     signalled: bool = False  # suspended with SIGSTOP
     restarts: int = 0
     step: int = 0
+    memory_gb: float | None = None  # the most device memory it was seen to hold
     acks: dict[str, threading.Event] = field(default_factory=dict)
     replies: dict[str, wire.Report] = field(default_factory=dict)  # "suspended:0" -> it
     gang: Gang | None = None  # a part of a gang over several nodes
@@ -131,9 +139,21 @@ class Agent:
 
     def __init__(self, workdir: Path, devices: list[str], threads: int = 1,
                  max_restarts: int = MAX_RESTARTS, checkpoint_every_s: float = 300.0,
-                 python: str = sys.executable, warm: bool = True) -> None:
+                 python: str = sys.executable, warm: bool = True,
+                 cpu_backed: bool = False, memory_gb: float | None = None) -> None:
+        """``devices``: CPU slots (``cpu:<i>``) or GPUs (``cuda:<i>``, or ``cuda:<id>`` by
+        UUID or MIG id). ``cpu_backed``: GPUs whose jobs compute on the CPU, every other
+        rule of GPUs kept (what each process sees, moves by restart): the agent's device
+        decisions, testable on a machine without GPUs. ``memory_gb``: what jobs may use of
+        each device, divided among jobs packed on one (see ``_cap``); None: no caps."""
         self.workdir = Path(workdir).resolve()
         self.devices = devices  # e.g. ["cpu:0", "cpu:1"] or ["cuda:0", "cuda:1"]
+        self.cpu_backed = cpu_backed
+        self.memory_gb = memory_gb
+        # what CUDA_VISIBLE_DEVICES calls each GPU, through the agent's own
+        self.gpu_ids = (gpus.gpu_ids(devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+                        if devices and devices[0].startswith("cuda") else [])
+        self.in_place: set[str] = set()  # jobs that said they move in place (see Job.steps)
         self.threads = threads
         self.max_restarts = max_restarts
         self.checkpoint_every_s = checkpoint_every_s
@@ -187,6 +207,7 @@ class Agent:
             self.jobs[job_id] = job
             self.ended.discard(job_id)
             self._spawn(job)
+            self._cap(job.devices)
 
     def suspend(self, job_id: str) -> None:
         job = self._job(job_id)
@@ -194,16 +215,25 @@ class Agent:
             return
         if job.aware and self._command(job, lambda r: wire.Suspend(), wire.Suspended):
             job.suspended = True
-            return
-        # not (or not yet) speaking the protocol, or a mini-batch longer than the timeout:
-        # stop it with a signal. A library job may still act on the suspend when it wakes,
-        # so resume will send it a resume message as well.
-        self._signal(job, signal.SIGSTOP)
-        job.suspended = job.signalled = True
+        else:
+            # not (or not yet) speaking the protocol, or a mini-batch longer than the
+            # timeout: stop it with a signal. A library job may still act on the suspend
+            # when it wakes, so resume will send it a resume message as well.
+            self._signal(job, signal.SIGSTOP)
+            job.suspended = job.signalled = True
+        self._cap(job.devices)
 
     def resume(self, job_id: str, devices: tuple[int, ...]) -> None:
         job = self._job(job_id)
         if job is None:
+            return
+        devices = tuple(devices)
+        if self.gpu and devices != job.devices and not self._moves_in_place(job, devices):
+            # a process keeps its GPUs: it moves through a checkpoint of the step it stopped
+            # at (a suspended rank takes the command where it waits, a signalled one once
+            # continued; a script without the library is preempted: SIGTERM)
+            self._log(job, f"moved from devices {job.devices} to {devices} by restart")
+            self.restart(job_id, devices)
             return
         if job.signalled:
             self._signal(job, signal.SIGCONT)
@@ -211,20 +241,61 @@ class Agent:
             if job.aware:
                 for r in job.ranks:
                     self._send(r, wire.Resume(self._device_name(job, r)))
-            if tuple(devices) != job.devices and self.gpu:
-                # an unmodified script cannot change GPU in place; it stays where it was
-                self._log(job, f"resumed on its old devices {job.devices}, not {devices}")
-            elif not self.gpu:
+            if not self.gpu:
                 self._pin(job, devices)
+            self._cap(job.devices)
             return
-        if self.gpu and len(job.ranks) > 1 and tuple(devices) != job.devices:
-            # NCCL communicators are bound to their GPUs: a gang moves through a checkpoint
-            # (its suspended ranks take the checkpoint command where they wait)
-            self.restart(job_id, devices)
-            return
-        job.devices = tuple(devices)
+        old, job.devices = job.devices, devices
         self._command(job, lambda r: wire.Resume(self._device_name(job, r)), wire.Resumed)
         job.suspended = False
+        self._cap(old + devices)
+
+    def held_gb(self, job_id: str) -> float | None:
+        """Device memory the job's processes still held when last suspended by the library
+        (NVML's count, over its ranks), if known: what a job placed beside it cannot have."""
+        job = self._job(job_id)
+        if job is None:
+            return None
+        held = [job.replies.get(f"suspended:{r.rank}") for r in job.ranks]
+        if not held or any(h is None or h.held_gb is None for h in held):
+            return None
+        return max(h.held_gb for h in held)
+
+    def _cap(self, devices: tuple[int, ...]) -> None:
+        """Divide each of ``devices`` among the running jobs on it: each gets the most it was
+        seen to hold and an even part of what is left (unprofiled jobs: even parts), so a
+        packed pair cannot take each other's memory; a job alone on its GPU is uncapped.
+        The job applies it at its next boundary (``Job.limit``)."""
+        if self.memory_gb is None:
+            return
+        with self._lock:
+            for d in set(devices):
+                ranks = [(job, r) for job in self.jobs.values() if not job.stopping
+                         for r in job.ranks if r.exit is None and job.devices[r.rank] == d]
+                # a job stopped by signal keeps all it had; one suspended by the library,
+                # what it reported
+                here = [(job, r) for job, r in ranks if job.signalled or not job.suspended]
+                held = sum(getattr(job.replies.get(f"suspended:{r.rank}"), "held_gb", 0) or 0
+                           for job, r in ranks if job.suspended and not job.signalled)
+                memory = max(0.0, self.memory_gb - held)
+                peaks = [job.memory_gb for job, _ in here]
+                if len(here) < 2:
+                    caps = [memory if held else None] * len(here)
+                elif None in peaks:
+                    caps = [memory / len(here)] * len(here)
+                else:
+                    spare = max(0.0, memory - sum(peaks)) / len(here)
+                    caps = [peak + spare for peak in peaks]
+                for (_, r), cap in zip(here, caps, strict=True):
+                    if cap != r.cap_gb:
+                        r.cap_gb = cap
+                        self._send(r, wire.Limit(cap))
+
+    def _moves_in_place(self, job: _Job, devices: tuple[int, ...]) -> bool:
+        """A one-process job that said it reads ``job.device`` at every step, suspended by
+        the library, onto a GPU its process can see."""
+        return (job.id in self.in_place and job.gang is None and len(job.ranks) == 1
+                and not job.signalled and all(d in job.ranks[0].visible for d in devices))
 
     def restart(self, job_id: str, devices: tuple[int, ...]) -> None:
         """Checkpoint at the next boundary, stop, and start again on ``devices`` (maybe a
@@ -299,30 +370,38 @@ class Agent:
             return
         if command is not job.launch.command:
             self._log(job, "torchrun unwrapped: gandiva starts one process per rank itself")
+        # torchrun's environment for a gang, or a command that was torchrun's
+        elastic = (job.gang is not None or len(job.devices) > 1
+                   or command is not job.launch.command)
         command = [self.python if c == "{python}" else c for c in command]
+        visible = gpus.visible(job.devices, len(self.devices), job.id in self.in_place)
         for rank in range(len(job.devices)):
-            mine = job.devices[rank]
-            others = [d for d in range(len(self.devices)) if d != mine]
-            visible = others[:rank] + [mine] + others[rank:]
             env = {**os.environ, **job.launch.env,
                    "GANDIVA_JOB_ID": job.id,
                    "GANDIVA_CHECKPOINT_DIR": str(self.checkpoint_dir(job.id)),
                    "GANDIVA_CHECKPOINT_EVERY_S": str(self.checkpoint_every_s),
                    "GANDIVA_THREADS": str(self.threads),
-                   **torchrun_env(job.id, gang, rank, len(job.devices), job.restarts,
-                                  self.max_restarts),
                    "PYTHONUNBUFFERED": "1",
                    "OMP_NUM_THREADS": str(self.threads)}
-            env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # torchrun's default
+            if elastic:
+                env.update(torchrun_env(job.id, gang, rank, len(job.devices), job.restarts,
+                                        self.max_restarts))
+                env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # torchrun's default
+            else:
+                for name in TORCHRUN_VARIABLES:  # not inherited from the agent's own
+                    env.pop(name, None)
             if self.gpu:
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(
-                    self.devices[d].split(":")[1] for d in visible)
-                env["GANDIVA_DEVICE"] = f"cuda:{visible.index(mine)}"
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_ids[d] for d in visible)
+                env["GANDIVA_DEVICE"] = f"cuda:{rank}"  # visible[rank] is its own
+                if self.cpu_backed:
+                    env["GANDIVA_CPU_BACKED"] = "1"
             else:
                 env["GANDIVA_DEVICE"] = f"cpu:{job.devices[rank]}"
             log_path = directory / f"rank{job.first + rank}.log"  # logs go by global rank
             with open(log_path, "ab") as log:
-                log.write(f"--- gandiva: start on {env['GANDIVA_DEVICE']} "
+                where = (f"GPU {self.gpu_ids[job.devices[rank]]}" if self.gpu
+                         else env["GANDIVA_DEVICE"])
+                log.write(f"--- gandiva: start on {where} "
                           f"(attempt {job.restarts + 1}) ---\n".encode())
             cwd = str(Path(job.launch.cwd or directory).resolve())
             warm = self._zygote.fork() if self._warmable(job, command) else None
@@ -490,11 +569,14 @@ class Agent:
                 job.aware = True
             elif isinstance(msg, wire.Profile) and first:
                 job.step = msg.step
+                job.memory_gb = max(job.memory_gb or 0.0, msg.memory_gb)
                 self.events.put(AgentEvent("profile", job.id, msg))
             elif isinstance(msg, wire.Done):
                 job.done = True
                 job.step = msg.step
             elif isinstance(msg, wire.Started) and first:
+                if msg.in_place:
+                    self.in_place.add(job.id)
                 self.events.put(AgentEvent("started", job.id, msg))
             elif isinstance(msg, wire.Suspended | wire.Resumed | wire.Checkpointed):
                 job.replies[f"{msg.ev}:{r.rank}"] = msg
@@ -565,6 +647,7 @@ class Agent:
             except (KeyError, ValueError):
                 pass
             r.sock.close()
+        self._cap(job.devices)  # its GPU-mates have its memory now
 
     def _log(self, job: _Job, text: str) -> None:
         with open(self.job_dir(job.id) / f"rank{job.first}.log", "ab") as f:
@@ -631,6 +714,10 @@ def torchrun_env(job_id: str, gang: Gang, local_rank: int, local_world: int,
             "TORCHELASTIC_RUN_ID": job_id, "TORCHELASTIC_RESTART_COUNT": str(restarts),
             "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
             "TORCHELASTIC_USE_AGENT_STORE": "True"}
+
+
+# what torchrun sets: a one-process job that is not torchrun's inherits none of it
+TORCHRUN_VARIABLES = tuple(torchrun_env("", Gang(0, 1, "", 0), 0, 1, 0, 0))
 
 
 def _store() -> Any:

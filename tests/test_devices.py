@@ -1,0 +1,202 @@
+"""GPU semantics without a GPU: an agent whose GPUs are CPU slots underneath (``cpu_backed``),
+named as a real node names them (indices through the agent's own CUDA_VISIBLE_DEVICES,
+UUIDs, MIG ids). What each job process saw is asserted from inside it (tests/jobs/probe.py
+writes it down): its CUDA_VISIBLE_DEVICES, its torchrun variables, its device; and whether a
+move to other GPUs was a restart (a new process, restored at the step it stopped at)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_runtime import started, wait_for  # noqa: E402
+
+from gandiva.job import nvml  # noqa: E402
+from gandiva.node import devices  # noqa: E402
+from gandiva.node.agent import Agent, Launch  # noqa: E402
+
+PROBE = Path(__file__).resolve().parent / "jobs" / "probe.py"
+UUIDS = ["GPU-0b5c1e9e-aaaa", "GPU-7f31d2c4-bbbb", "MIG-2a9e0c11-cccc"]
+
+
+def probe(out: Path, steps: int, *extra: str) -> Launch:
+    return Launch(["{python}", str(PROBE), str(out), str(steps), *extra])
+
+
+def records(out: Path, event: str | None = None) -> list[dict]:
+    if not out.exists():
+        return []
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    return [r for r in lines if event is None or r["event"] == event]
+
+
+def until(check, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+    return found
+
+
+@pytest.fixture
+def gpu_agent(tmp_path, monkeypatch):
+    """Three GPUs as a node under Slurm sees them: the agent was given 4,5,7 of the machine."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,7")
+    a = Agent(tmp_path / "agent", ["cuda:0", "cuda:1", "cuda:2"], checkpoint_every_s=1e9,
+              cpu_backed=True, memory_gb=10.0)
+    yield a
+    a.close()
+
+
+# ---- naming and visibility -------------------------------------------------------------------
+
+def test_gpu_names_go_through_the_agents_own_visible_list_in_every_form():
+    assert devices.gpu_ids(["cuda:0", "cuda:1"], "4,5") == ["4", "5"]
+    assert devices.gpu_ids(["cuda:1"], f"{UUIDS[0]},{UUIDS[2]}") == [UUIDS[2]]
+    assert devices.gpu_ids(["cuda:0", "cuda:1"], None) == ["0", "1"]
+    assert devices.gpu_ids([f"cuda:{UUIDS[1]}"], "4,5") == [UUIDS[1]]  # named outright
+    with pytest.raises(ValueError, match="makes only 2 GPU"):
+        devices.gpu_ids(["cuda:2"], "4,5")
+    with pytest.raises(ValueError, match="makes only 1 GPU"):
+        devices.gpu_ids(["cuda:1"], "4,-1,5")  # CUDA stops at the first bad entry
+    with pytest.raises(ValueError, match="twice"):
+        devices.gpu_ids(["cuda:0", f"cuda:{UUIDS[0]}"], UUIDS[0])
+
+
+def test_a_one_gpu_job_sees_its_gpu_alone_as_cuda_0_with_no_torchrun_variables(
+        gpu_agent, tmp_path):
+    out = tmp_path / "one.jsonl"
+    gpu_agent.start("one", probe(out, 20), (2,))
+    wait_for(gpu_agent, "done", "one")
+    [start] = records(out, "start")
+    assert start["CUDA_VISIBLE_DEVICES"] == "7"  # the machine's GPU 7, not its GPU 2
+    assert start["GANDIVA_DEVICE"] == "cuda:0"
+    # run as `python script.py` is: HF's Trainer would make it a one-rank DDP job otherwise
+    assert start["LOCAL_RANK"] is start["RANK"] is start["TORCHELASTIC_RUN_ID"] is None
+
+
+def test_a_gangs_ranks_see_the_jobs_gpus_in_local_rank_order_as_torchrun_would(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(UUIDS))
+    agent = Agent(tmp_path / "agent", ["cuda:0", "cuda:1", "cuda:2"], checkpoint_every_s=1e9,
+                  cpu_backed=True)
+    try:
+        out = tmp_path / "gang.jsonl"
+        agent.start("g", probe(out, 20), (2, 0))
+        wait_for(agent, "done", "g")
+        starts = sorted(records(out, "start"), key=lambda r: r["rank"])
+        assert [s["CUDA_VISIBLE_DEVICES"] for s in starts] == [f"{UUIDS[2]},{UUIDS[0]}"] * 2
+        assert [(s["LOCAL_RANK"], s["GANDIVA_DEVICE"]) for s in starts] == [
+            ("0", "cuda:0"), ("1", "cuda:1")]
+        assert {s["WORLD_SIZE"] for s in starts} == {"2"}
+    finally:
+        agent.close()
+
+
+# ---- moves -----------------------------------------------------------------------------------
+
+def test_a_resume_on_other_gpus_is_a_restart_at_the_step_it_stopped_at(gpu_agent, tmp_path):
+    out = tmp_path / "m.jsonl"
+    gpu_agent.start("m", probe(out, 400), (0,))
+    started(gpu_agent, "m")
+    time.sleep(0.3)
+    gpu_agent.suspend("m")
+    assert gpu_agent.jobs["m"].suspended and not gpu_agent.jobs["m"].signalled
+    gpu_agent.resume("m", (0,))  # the same GPU: in place, the same process
+    time.sleep(0.2)
+    gpu_agent.suspend("m")
+    stopped_at = gpu_agent.jobs["m"].replies["suspended:0"].step
+    gpu_agent.resume("m", (1,))  # another GPU: a restart, from the step it stopped at
+    assert started(gpu_agent, "m").restored == stopped_at
+    wait_for(gpu_agent, "done", "m")
+    first, second = records(out, "start")
+    assert first["pid"] != second["pid"]
+    assert (first["CUDA_VISIBLE_DEVICES"], second["CUDA_VISIBLE_DEVICES"]) == ("4", "5")
+    assert second["step"] == stopped_at
+    assert [r["step"] for r in records(out, "end")] == [400]
+
+
+def test_a_job_that_reads_its_device_every_step_moves_in_place_once_it_sees_the_gpu(
+        gpu_agent, tmp_path):
+    out = tmp_path / "ip.jsonl"
+    gpu_agent.start("ip", probe(out, 600, "in-place"), (0,))
+    started(gpu_agent, "ip")
+    # its first process sees only its own GPU: the first move is a restart, after which it
+    # sees the node's others after its own, and moves among them in place
+    for target in ((1,), (2,), (0,)):
+        time.sleep(0.2)
+        gpu_agent.suspend("ip")
+        gpu_agent.resume("ip", target)
+    wait_for(gpu_agent, "done", "ip")
+    starts = records(out, "start")
+    assert len(starts) == 2, starts
+    assert starts[1]["CUDA_VISIBLE_DEVICES"] == "5,4,7"
+    assert [r["step"] for r in records(out, "end")] == [600]
+
+
+def test_a_job_stopped_by_signal_moves_by_restart_and_is_never_left_on_its_old_gpu(
+        gpu_agent, tmp_path):
+    out, script = tmp_path / "plain.txt", tmp_path / "plain.py"
+    script.write_text("import os, sys, time\n"
+                      "with open(sys.argv[1], 'a') as f:\n"
+                      "    f.write(f\"{os.getpid()} {os.environ['CUDA_VISIBLE_DEVICES']}\\n\")\n"
+                      "time.sleep(3)\n")
+    gpu_agent.start("s", Launch(["{python}", str(script), str(out)]), (0,))
+    until(lambda: out.exists() and out.read_text())
+    gpu_agent.suspend("s")
+    assert gpu_agent.jobs["s"].signalled  # it never spoke the library's protocol
+    gpu_agent.resume("s", (2,))
+    wait_for(gpu_agent, "done", "s")
+    lines = [line.split() for line in out.read_text().splitlines()]
+    assert [cvd for _, cvd in lines] == ["4", "7"]
+    assert lines[0][0] != lines[1][0]
+
+
+# ---- memory ----------------------------------------------------------------------------------
+
+def test_packed_jobs_divide_the_gpu_by_their_peaks_and_a_job_left_alone_is_uncapped(
+        gpu_agent, tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    gpu_agent.start("a", probe(a, 100_000), (1,))
+    until(lambda: gpu_agent.jobs["a"].memory_gb)  # profiled: its peak is known
+    gpu_agent.start("b", probe(b, 300), (1,))  # packed on a's GPU
+    cap_a = until(lambda: records(a, "cap"))[-1]["cap"]
+    cap_b = until(lambda: records(b, "cap"))[-1]["cap"]
+    peak_a = gpu_agent.jobs["a"].memory_gb
+    assert cap_a >= peak_a and cap_a + cap_b == pytest.approx(10.0)
+    wait_for(gpu_agent, "done", "b")
+    until(lambda: records(a, "cap")[-1]["cap"] is None)  # alone again: the whole GPU
+    gpu_agent.kill("a")
+
+
+def test_what_a_suspended_process_holds_is_unknown_without_nvml_never_guessed():
+    # this machine has no NVIDIA driver: NVML answers nothing, and nothing is made up
+    assert nvml.held_gb() is None
+    assert nvml.utilization("GPU-0b5c1e9e-aaaa", 0) is None
+
+
+def test_a_jobs_utilization_is_its_own_samples_not_its_gpu_partners():
+    class Sample:
+        def __init__(self, pid, at, sm):
+            self.pid, self.timeStamp, self.smUtil = pid, at, sm
+
+    samples = [Sample(10, 5, 90), Sample(11, 6, 40), Sample(11, 8, 60), Sample(11, 2, 100)]
+    assert nvml.own_utilization(samples, 11, since_us=4) == pytest.approx(0.5)
+    assert nvml.own_utilization(samples, 12, since_us=0) is None
+
+
+def test_the_old_import_still_works_and_names_the_new_one():
+    import importlib
+    import sys
+
+    sys.modules.pop("gandiva.runtime.job", None)
+    with pytest.warns(DeprecationWarning, match="gandiva.job"):
+        old = importlib.import_module("gandiva.runtime.job")
+    import gandiva.job
+
+    assert old is gandiva.job
