@@ -448,3 +448,29 @@ def test_a_job_slow_to_stop_holds_up_neither_the_loop_nor_other_jobs(tmp_path):
     assert backend.records["quick"].devices == (0,) and backend.records["slow"].devices == (1,)
     assert backend.records["slow"].status == "held"
     assert checkpoint.steps(backend.agent.checkpoint_dir("slow")) == [2]
+
+
+def test_a_gang_whose_rank_hangs_after_the_others_ended_fails_within_the_grace(tmp_path):
+    agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=1e9,
+                  exit_grace_s=2.0)
+    script = tmp_path / "hang.py"
+    script.write_text("import os, time\n"
+                      "import torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      "dist.barrier()\n"
+                      "if dist.get_rank() == 1:\n"
+                      "    print('rank 1 hangs', flush=True)\n"
+                      "    time.sleep(600)\n")
+    try:
+        agent.start("h", Launch(["{python}", str(script)]), (0, 1))
+        t0 = time.monotonic()
+        ev = agent.events.get(timeout=90)
+        while ev.job_id != "h" or ev.kind not in ("failed", "done"):
+            ev = agent.events.get(timeout=90)
+        assert ev.kind == "failed"
+        assert "rank(s) [1] still running 2 s after the others ended" in ev.data["reason"]
+        assert "rank 1 hangs" in ev.data["reason"]  # the end of the hung rank's log
+        assert time.monotonic() - t0 < 60
+        assert "h" not in agent.jobs  # its devices are free again
+    finally:
+        agent.close()

@@ -24,13 +24,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10**9)
     ap.add_argument("--matmuls", type=int, default=20, help="compute per mini-batch")
     ap.add_argument("--sleep-ms", type=float, default=0.0, help="input wait per mini-batch")
+    ap.add_argument("--in-place", action="store_true", help="may move to another GPU in place")
     args = ap.parse_args()
     job = gj.init()
     model = Blob(args.mb).to(job.device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     job.register(model=model, optimizer=opt)
     x = torch.randn(64, 256, device=job.device)
-    for _ in job.steps(args.steps):
+    for _ in job.steps(args.steps, in_place=args.in_place):
         if args.sleep_ms:
             time.sleep(args.sleep_ms / 1000)
         h = x

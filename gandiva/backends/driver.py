@@ -429,6 +429,8 @@ class Driver:
             if job is not None and job.status is JobStatus.RUNNING:
                 self.handle(E.ProfileSample(now, ev.job_id, p.mini_batch_time,
                                              p.memory_gb, p.utilization, p.step))
+        elif ev.kind == "suspended":  # what its processes hold while suspended (NVML)
+            rec.profile = {**(rec.profile or {}), "held_gb": ev.data.get("held_gb")}
         elif ev.kind == "restarted":
             rec.restarts += 1
             rec.reason = ev.data.get("reason", "")

@@ -49,6 +49,10 @@ from gandiva.node.zygote import Forked, Zygote
 MAX_RESTARTS = 3  # torchrun's --max-restarts: enough for a transient fault, not a crash loop
 ACK_TIMEOUT_S = 60.0  # a suspend waits for the next mini-batch boundary at most this long
 GRACE_S = 10.0  # SIGTERM before SIGKILL, for scripts that save on SIGTERM
+# Once a rank of a gang has ended well, the others have this long to end too: the ranks of a
+# data-parallel job end together, up to a final save; past it, one is hung (in a collective,
+# or at exit) and the job would hold its devices for ever
+EXIT_GRACE_S = 60.0
 LOG_TAIL_LINES = 20
 
 
@@ -79,7 +83,8 @@ class Gang:
 
 @dataclass
 class AgentEvent:
-    """What the agent reports: ``started``, ``profile``, ``done``, ``failed``,
+    """What the agent reports: ``started``, ``profile``, ``suspended`` (with the device
+    memory its processes still hold, ``held_gb``, None if unknown), ``done``, ``failed``,
     ``restarted``; and ``crashed`` for a part of a gang (see ``Gang``). ``data``: the job's
     own report for ``started`` and ``profile`` (``wire.Started``, ``wire.Profile``), else a
     dict."""
@@ -99,6 +104,7 @@ class _Rank:
     buf: bytes = b""
     exit: int | None = None
     cap_gb: float | None = None  # the memory cap it was last sent (packed), if any
+    done: bool = False  # it said its training is over (``wire.Done``)
 
 
 @dataclass
@@ -115,6 +121,7 @@ class _Job:
     restarts: int = 0
     step: int = 0
     memory_gb: float | None = None  # the most device memory it was seen to hold
+    lingering_since: float | None = None  # when some ranks had ended well and others not
     acks: dict[str, threading.Event] = field(default_factory=dict)
     replies: dict[str, wire.Report] = field(default_factory=dict)  # "suspended:0" -> it
     gang: Gang | None = None  # a part of a gang over several nodes
@@ -140,7 +147,8 @@ class Agent:
     def __init__(self, workdir: Path, devices: list[str], threads: int = 1,
                  max_restarts: int = MAX_RESTARTS, checkpoint_every_s: float = 300.0,
                  python: str = sys.executable, warm: bool = True,
-                 cpu_backed: bool = False, memory_gb: float | None = None) -> None:
+                 cpu_backed: bool = False, memory_gb: float | None = None,
+                 exit_grace_s: float = EXIT_GRACE_S) -> None:
         """``devices``: CPU slots (``cpu:<i>``) or GPUs (``cuda:<i>``, or ``cuda:<id>`` by
         UUID or MIG id). ``cpu_backed``: GPUs whose jobs compute on the CPU, every other
         rule of GPUs kept (what each process sees, moves by restart): the agent's device
@@ -150,6 +158,7 @@ class Agent:
         self.devices = devices  # e.g. ["cpu:0", "cpu:1"] or ["cuda:0", "cuda:1"]
         self.cpu_backed = cpu_backed
         self.memory_gb = memory_gb
+        self.exit_grace_s = exit_grace_s
         # what CUDA_VISIBLE_DEVICES calls each GPU, through the agent's own
         self.gpu_ids = (gpus.gpu_ids(devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
                         if devices and devices[0].startswith("cuda") else [])
@@ -215,6 +224,7 @@ class Agent:
             return
         if job.aware and self._command(job, lambda r: wire.Suspend(), wire.Suspended):
             job.suspended = True
+            self.events.put(AgentEvent("suspended", job.id, {"held_gb": self.held_gb(job.id)}))
         else:
             # not (or not yet) speaking the protocol, or a mini-batch longer than the
             # timeout: stop it with a signal. A library job may still act on the suspend
@@ -572,7 +582,7 @@ class Agent:
                 job.memory_gb = max(job.memory_gb or 0.0, msg.memory_gb)
                 self.events.put(AgentEvent("profile", job.id, msg))
             elif isinstance(msg, wire.Done):
-                job.done = True
+                job.done = r.done = True
                 job.step = msg.step
             elif isinstance(msg, wire.Started) and first:
                 if msg.in_place:
@@ -606,6 +616,33 @@ class Agent:
                     continue
                 if any(c not in (None, 0) for c in codes) or all(c is not None for c in codes):
                     self._crashed(job, codes)
+                    continue
+                job.lingering_since = job.lingering_since or time.monotonic()
+                if time.monotonic() - job.lingering_since >= self.exit_grace_s:
+                    self._lingered(job)
+
+    def _lingered(self, job: _Job) -> None:
+        """Some ranks ended well and the others did not follow within the grace: kill them.
+        If each had said its training was over, they hung on the way out: the job is done;
+        else it fails, naming them (a restart would hang again where they hang)."""
+        late = [job.first + r.rank for r in job.ranks if r.exit is None]
+        finished = all(r.done for r in job.ranks if r.exit is None)
+        job.stopping = True
+        self._signal(job, signal.SIGKILL)
+        for r in job.ranks:
+            r.proc.wait()
+        self._drop(job)
+        self.jobs.pop(job.id, None)
+        self.ended.add(job.id)
+        gone = f"rank(s) {late} still running {self.exit_grace_s:g} s after the others ended"
+        self._log(job, f"{gone}: killed")
+        if finished:
+            self.events.put(AgentEvent("done", job.id, {"step": job.step, "run": job.run}))
+            return
+        self.events.put(AgentEvent("failed", job.id, {
+            "reason": f"{gone} (hung in a collective or at exit): killed; end of the log of "
+                      f"rank {late[0]}:\n" + self.log_tail(job.id, late[0]),
+            "run": job.run}))
 
     def _crashed(self, job: _Job, codes: list[int | None]) -> None:
         """A rank died unasked: stop the gang, restart it from its checkpoint or fail it."""
