@@ -200,3 +200,29 @@ def test_the_old_import_still_works_and_names_the_new_one():
     import gandiva.job
 
     assert old is gandiva.job
+
+
+def test_a_gang_whose_suspended_ranks_still_hold_too_much_is_checkpointed_and_stopped(
+        tmp_path):
+    # the stand-in GPUs say each suspended rank still holds 2 GB (NVML's part on a GPU:
+    # NCCL communicators, say), more than the 1 GB a suspended process may keep
+    agent = Agent(tmp_path / "agent", ["cuda:0", "cuda:1"], checkpoint_every_s=1e9,
+                  cpu_backed=True)
+    out = tmp_path / "g.jsonl"
+    try:
+        agent.start("g", Launch(["{python}", str(PROBE), str(out), "300"],
+                                env={"GANDIVA_CPU_BACKED_HELD_GB": "2"}), (0, 1))
+        started(agent, "g")
+        time.sleep(0.3)
+        agent.suspend("g")
+        ev = wait_for(agent, "suspended", "g")
+        assert ev.data == {"held_gb": 2.0, "stopped": True}
+        until(lambda: all(r.exit is not None for r in agent.jobs["g"].ranks))  # gone
+        stopped_at = agent.jobs["g"].replies["suspended:0"].step
+        agent.resume("g", (0, 1))
+        assert started(agent, "g").restored == stopped_at
+        wait_for(agent, "done", "g")
+        assert len(records(out, "start")) == 4  # two ranks, twice
+        assert {r["step"] for r in records(out, "end")} == {300}
+    finally:
+        agent.close()

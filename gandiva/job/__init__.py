@@ -103,6 +103,8 @@ class Job:
                        else [])
         # GPUs that are CPU slots underneath (the agent's ``cpu_backed``: tests without GPUs)
         self._cpu_backed = env.get("GANDIVA_CPU_BACKED") == "1"
+        # what such a stand-in GPU is to say the process holds while suspended (NVML's part)
+        self._stand_in_held_gb = float(env.get("GANDIVA_CPU_BACKED_HELD_GB", "0"))
         self.in_place = False  # the loop reads job.device at every step (see ``steps``)
         self.memory_cap_gb: float | None = None  # the agent's cap while packed (``limit``)
         self._peak_gb = 0.0
@@ -349,7 +351,8 @@ class Job:
             self._flush_report(force=True)
             t0 = time.perf_counter()
             self._to("cpu")
-            held = nvml.held_gb() if self.device.type == "cuda" else 0.0
+            held = (nvml.held_gb() if self.device.type == "cuda"
+                    else self._stand_in_held_gb if self._cpu_backed else 0.0)
             self._send(wire.Suspended(self.step, time.perf_counter() - t0, held))
             command = self._wait()  # blocked until the agent says what next
             if isinstance(command, wire.Resume):

@@ -53,6 +53,11 @@ GRACE_S = 10.0  # SIGTERM before SIGKILL, for scripts that save on SIGTERM
 # data-parallel job end together, up to a final save; past it, one is hung (in a collective,
 # or at exit) and the job would hold its devices for ever
 EXIT_GRACE_S = 60.0
+# A process suspended by the library that still holds more device memory than this (NVML) is
+# checkpointed and stopped instead: a CUDA context with cuBLAS and cuDNN is 0.3-0.6 GB, so
+# the rest is buffers (NCCL communicators, compile pools, the script's own) that the job
+# placed next on its GPU needs; a restart from the step it stopped at frees them all
+HELD_MAX_GB = 1.0
 LOG_TAIL_LINES = 20
 
 
@@ -122,6 +127,7 @@ class _Job:
     step: int = 0
     memory_gb: float | None = None  # the most device memory it was seen to hold
     lingering_since: float | None = None  # when some ranks had ended well and others not
+    parked: bool = False  # suspended by checkpoint-and-exit: a resume starts it again
     acks: dict[str, threading.Event] = field(default_factory=dict)
     replies: dict[str, wire.Report] = field(default_factory=dict)  # "suspended:0" -> it
     gang: Gang | None = None  # a part of a gang over several nodes
@@ -224,7 +230,14 @@ class Agent:
             return
         if job.aware and self._command(job, lambda r: wire.Suspend(), wire.Suspended):
             job.suspended = True
-            self.events.put(AgentEvent("suspended", job.id, {"held_gb": self.held_gb(job.id)}))
+            held = self.held_gb(job.id)
+            if held is not None and held > HELD_MAX_GB and job.gang is None:
+                self._log(job, f"suspended holding {held:.2f} GB of device memory: "
+                               "checkpointed and stopped instead")
+                self.stop(job_id, checkpoint=True)
+                job.parked = True
+            self.events.put(AgentEvent("suspended", job.id, {"held_gb": held,
+                                                             "stopped": job.parked}))
         else:
             # not (or not yet) speaking the protocol, or a mini-batch longer than the
             # timeout: stop it with a signal. A library job may still act on the suspend
@@ -238,6 +251,9 @@ class Agent:
         if job is None:
             return
         devices = tuple(devices)
+        if job.parked:  # suspended by checkpoint-and-exit
+            self.start(job_id, job.launch, devices, job.gang)
+            return
         if self.gpu and devices != job.devices and not self._moves_in_place(job, devices):
             # a process keeps its GPUs: it moves through a checkpoint of the step it stopped
             # at (a suspended rank takes the command where it waits, a signalled one once
