@@ -474,3 +474,32 @@ def test_a_gang_whose_rank_hangs_after_the_others_ended_fails_within_the_grace(t
         assert "h" not in agent.jobs  # its devices are free again
     finally:
         agent.close()
+
+
+def test_a_suspend_during_an_evaluation_is_obeyed_there_and_a_checkpoint_waits_for_a_step(
+        agent, tmp_path):
+    out, script = tmp_path / "phase.txt", tmp_path / "evaluates.py"
+    script.write_text("import sys, time, torch\n"
+                      "import gandiva.job as gj\n"
+                      "job = gj.init()\n"
+                      "job.register(model=torch.nn.Linear(2, 2))\n"
+                      "for step in job.steps(40):\n"
+                      "    if step == 20:  # an evaluation of 300 batches, 3 s\n"
+                      "        open(sys.argv[1], 'w').write('evaluating')\n"
+                      "        for _ in range(300):\n"
+                      "            time.sleep(0.01)\n"
+                      "            job.pause_point()\n"
+                      "        open(sys.argv[1], 'w').write('training')\n")
+    agent.start("e", Launch(["{python}", str(script), str(out)]), (0,))
+    started(agent, "e")
+    deadline = time.monotonic() + 60
+    while not (out.exists() and out.read_text() == "evaluating"):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    agent.suspend("e")
+    assert agent.jobs["e"].suspended and not agent.jobs["e"].signalled  # by the library
+    assert out.read_text() == "evaluating"  # in the evaluation, not after it
+    agent.resume("e", (0,))
+    agent.restart("e", (0,))  # its checkpoint is taken at the step after the evaluation
+    assert started(agent, "e").restored == 21
+    wait_for(agent, "done", "e")

@@ -34,7 +34,9 @@ own process group (torchrun style) keeps it: the library adopts it.
 
 Loops that are not ours (Lightning, the HF Trainer: ``gandiva.job.integrations``) call
 ``started``, ``boundary`` (or ``next_command`` and ``obey``) and ``finish`` from the
-framework's hooks, and checkpoint through the framework's own save (``writer``).
+framework's hooks, and checkpoint through the framework's own save (``writer``). An
+evaluation loop calls ``pause_point`` at each of its batches, so that a suspend does not wait
+for the evaluation's end.
 
 Without an agent (no ``GANDIVA_CONTROL_FD``), the same script runs on its own; it still
 checkpoints to ``GANDIVA_CHECKPOINT_DIR`` and restores from it, if that is set.
@@ -108,6 +110,7 @@ class Job:
         self.in_place = False  # the loop reads job.device at every step (see ``steps``)
         self.memory_cap_gb: float | None = None  # the agent's cap while packed (``limit``)
         self._peak_gb = 0.0
+        self._deferred: wire.Checkpoint | None = None  # came at a pause point: see there
         self.device = self._use_device(env.get("GANDIVA_DEVICE", "cpu"))
         self._pg: Any = None  # torch.distributed, once the gang's group exists
         self._control: Any = None  # the group ranks agree through (None: the default group)
@@ -323,6 +326,9 @@ class Job:
         self.step += 1
         self._window_steps += 1
         self._flush_report()
+        if self._deferred is not None:
+            command, self._deferred = self._deferred, None
+            return command
         if self._pg is not None and self.step < self._agree_at:
             return None  # a gang acts at agreed boundaries only (see AGREE_EVERY_S)
         command = self._poll()
@@ -332,6 +338,25 @@ class Job:
         if command is None and due:
             command = wire.Checkpoint(periodic=True)
         return command
+
+    def pause_point(self) -> None:
+        """A point between training steps that is not a boundary (the end of an evaluation
+        batch): a one-process job obeys a suspend here at once, rather than after the whole
+        evaluation (or by signal, after the agent's wait). A checkpoint waits for the next
+        boundary, the one point whose state a restore can go on from. Gangs do nothing here:
+        their ranks agree on commands at training boundaries only, since an evaluation may
+        run on some ranks and not others."""
+        if self._pg is not None or self.world_size > 1:
+            return
+        command, suspended = self._poll(), False
+        while command is not None:
+            if isinstance(command, wire.Checkpoint):
+                if suspended:  # it came instead of a resume: the evaluation goes on first
+                    self._to(self.device)
+                self._deferred = command
+                return
+            suspended = isinstance(command, wire.Suspend)
+            command = self.obey(command)
 
     def obey(self, command: wire.Command) -> wire.Command | None:
         """Carry out ``command``; the next one, if the agent sent it while the job waited
