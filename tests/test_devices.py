@@ -226,3 +226,27 @@ def test_a_gang_whose_suspended_ranks_still_hold_too_much_is_checkpointed_and_st
         assert {r["step"] for r in records(out, "end")} == {300}
     finally:
         agent.close()
+
+
+def test_suspended_jobs_on_one_gpu_keep_at_most_a_gigabyte_there_together(gpu_agent, tmp_path):
+    # three jobs packed on one stand-in GPU, each said to keep 0.3, 0.4 and 0.5 GB suspended:
+    # the third suspend takes them to 1.2 GB, so the one holding most stops instead
+    outs = {}
+    for jid, gb in (("a", "0.3"), ("b", "0.4"), ("c", "0.5")):
+        outs[jid] = tmp_path / f"{jid}.jsonl"
+        gpu_agent.start(jid, Launch(["{python}", str(PROBE), str(outs[jid]), "300"],
+                                    env={"GANDIVA_CPU_BACKED_HELD_GB": gb}), (0,))
+        started(gpu_agent, jid)
+    for jid in "abc":
+        gpu_agent.suspend(jid)
+    until(lambda: all(r.exit is not None for r in gpu_agent.jobs["c"].ranks))
+    assert [gpu_agent.jobs[j].parked for j in "abc"] == [False, False, True]
+    assert all(r.exit is None for j in "ab" for r in gpu_agent.jobs[j].ranks)  # kept
+    for jid in "abc":
+        gpu_agent.resume(jid, (0,))
+    done: set[str] = set()
+    while done != set("abc"):
+        ev = gpu_agent.events.get(timeout=120)
+        assert ev.kind != "failed", ev.data
+        done |= {ev.job_id} if ev.kind == "done" else set()
+    assert [len(records(outs[j], "start")) for j in "abc"] == [1, 1, 2]

@@ -53,10 +53,11 @@ GRACE_S = 10.0  # SIGTERM before SIGKILL, for scripts that save on SIGTERM
 # data-parallel job end together, up to a final save; past it, one is hung (in a collective,
 # or at exit) and the job would hold its devices for ever
 EXIT_GRACE_S = 60.0
-# A process suspended by the library that still holds more device memory than this (NVML) is
-# checkpointed and stopped instead: a CUDA context with cuBLAS and cuDNN is 0.3-0.6 GB, so
-# the rest is buffers (NCCL communicators, compile pools, the script's own) that the job
-# placed next on its GPU needs; a restart from the step it stopped at frees them all
+# What processes suspended by the library may keep of one GPU together (NVML's count); beyond
+# it, the one holding most is checkpointed and stopped instead, and started again where it is
+# resumed. A CUDA context with cuBLAS and cuDNN is 0.3-0.6 GB: two suspended jobs keep theirs,
+# and one that keeps more (NCCL communicators, compile pools, the script's own buffers) gives
+# it to the job placed next on its GPU, as do the suspended jobs of a tall GPU
 HELD_MAX_GB = 1.0
 LOG_TAIL_LINES = 20
 
@@ -230,14 +231,10 @@ class Agent:
             return
         if job.aware and self._command(job, lambda r: wire.Suspend(), wire.Suspended):
             job.suspended = True
-            held = self.held_gb(job.id)
-            if held is not None and held > HELD_MAX_GB and job.gang is None:
-                self._log(job, f"suspended holding {held:.2f} GB of device memory: "
-                               "checkpointed and stopped instead")
-                self.stop(job_id, checkpoint=True)
-                job.parked = True
-            self.events.put(AgentEvent("suspended", job.id, {"held_gb": held,
-                                                             "stopped": job.parked}))
+            stopped = self._stop_holders(job.devices)
+            if job_id not in stopped:
+                self.events.put(AgentEvent("suspended", job.id, {
+                    "held_gb": self.held_gb(job_id), "stopped": False}))
         else:
             # not (or not yet) speaking the protocol, or a mini-batch longer than the
             # timeout: stop it with a signal. A library job may still act on the suspend
@@ -275,6 +272,29 @@ class Agent:
         self._command(job, lambda r: wire.Resume(self._device_name(job, r)), wire.Resumed)
         job.suspended = False
         self._cap(old + devices)
+
+    def _stop_holders(self, devices: tuple[int, ...]) -> list[str]:
+        """Keep what suspended processes hold of each of ``devices`` within HELD_MAX_GB:
+        checkpoint and stop those holding most until it is (gangs over several nodes stay:
+        they restart only whole). The jobs stopped."""
+        stopped = []
+        for d in set(devices):
+            while True:
+                with self._lock:
+                    here = [j for j in self.jobs.values() if d in j.devices and j.suspended
+                            and not (j.signalled or j.parked or j.stopping or j.gang)]
+                held = [(h, j) for j in here if (h := self.held_gb(j.id))]
+                if sum(h for h, _ in held) <= HELD_MAX_GB:
+                    break
+                most, job = max(held, key=lambda hj: hj[0])
+                self._log(job, f"suspended holding {most:.2f} GB of device memory: "
+                               "checkpointed and stopped instead")
+                self.stop(job.id, checkpoint=True)
+                job.parked = True
+                stopped.append(job.id)
+                self.events.put(AgentEvent("suspended", job.id, {"held_gb": most,
+                                                                 "stopped": True}))
+        return stopped
 
     def held_gb(self, job_id: str) -> float | None:
         """Device memory the job's processes still held when last suspended by the library
