@@ -14,7 +14,8 @@ child ends, ``Exited(pid, code)``: it is the children's parent, so only it learn
 status. The child is a warm process: on ``Become`` (argv, environment, working directory,
 log file) on its socket, it takes on the job's environment and log and runs the script as
 ``__main__``; when the script ends, the interpreter exits as after ``python script.py``
-(exit status, traceback, ``atexit`` handlers).
+(exit status, traceback, ``atexit`` handlers), but with the script's process groups
+destroyed first (see ``wind_down``).
 
 Decisions: the zygote imports only, it computes nothing. PyTorch's CPU thread pools (OpenMP)
 are not safe to fork once started, and CUDA is never touched before the child has the job's
@@ -29,6 +30,7 @@ import selectors
 import signal
 import socket
 import sys
+import threading
 
 from gandiva.job import wire
 
@@ -111,7 +113,62 @@ def become(channel: socket.socket) -> None:
     os.chdir(go.cwd)
     sys.argv = go.argv
     sys.path[0] = os.path.dirname(os.path.abspath(go.argv[0]))
-    runpy.run_path(go.argv[0], run_name="__main__")
+    set_threads()
+    run(go.argv[0])
+
+
+def set_threads() -> None:
+    """Size torch's CPU pool from the job's OMP_NUM_THREADS: torch read the variable when
+    the zygote imported it, before this job's environment was known."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    if value.isdigit() and int(value) > 0:
+        import torch
+
+        torch.set_num_threads(int(value))
+
+
+def run(path: str) -> None:
+    """Run the script as ``__main__``, then end as ``python script.py`` would: the same
+    traceback, exit status and ``atexit`` handlers, after ``wind_down``. Only the status is
+    kept from how the script ended: its exception would keep the script's frames alive."""
+    code: object = 0
+    interrupted = False
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as stop:
+        code = stop.code
+    except BaseException as err:  # noqa: BLE001 - printed and turned into a status below
+        sys.excepthook(type(err), err, err.__traceback__)  # before atexit, as Python does
+        code, interrupted = 1, isinstance(err, KeyboardInterrupt)
+    wind_down()
+    if interrupted:  # Python dies of SIGINT then
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(code)
+
+
+def wind_down() -> None:
+    """Do what interpreter shutdown does first (wait for the script's non-daemon threads,
+    run its ``atexit`` handlers), then destroy its torch.distributed process groups, all
+    while every thread can still take the GIL.
+
+    A script that never calls ``destroy_process_group`` leaves its groups to shutdown, where
+    a group's destructor joins its worker threads, and those take the GIL to free what a
+    finished collective captured from Python: once the interpreter is finalizing, they
+    cannot. Shutdown then finds nothing of the script's left to run, so it runs as usual."""
+    shutdown = getattr(threading, "_shutdown", None)  # what Py_Finalize calls first
+    if shutdown is not None:
+        shutdown()
+    import atexit
+
+    atexit._run_exitfuncs()  # runs and forgets them: shutdown will not run them again
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception as err:  # noqa: BLE001 - the script's own result stands
+        print(f"gandiva: destroying the process groups at exit failed: {err!r}",
+              file=sys.stderr)
 
 
 def main() -> None:

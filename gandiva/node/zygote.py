@@ -4,6 +4,9 @@ handle for each process it forks that the agent uses as it uses a ``subprocess.P
 The zygote is the parent of what it forks, so an exit status reaches the agent as the
 zygote's ``Exited`` report. If the zygote itself dies, its children live on (they are jobs);
 their exit status is then unknown, and a handle reports ``LOST`` once its process is gone.
+
+A fork inherits what the zygote's start-up made of its environment (``warm_compatible``),
+so a job whose environment would have made a different start-up starts cold.
 """
 
 from __future__ import annotations
@@ -14,12 +17,34 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from gandiva.job import wire
 
 FORK_TIMEOUT_S = 10.0  # the zygote answers a fork in ~10 ms; beyond this it is stuck
 LOST = 255  # the exit status of a forked process whose zygote died before it ended
+
+# Variables read when Python starts, when torch is imported or when a native library loads
+# (OpenMP, BLAS, the dynamic linker): all of that happened in the zygote.
+STARTUP_PREFIXES = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_",
+                    "GOTO_", "TORCH", "PYTORCH_")
+# ...except those that torch reads only when the job uses what they set (a process group,
+# the CUDA allocator), which a fork does after it has the job's environment. CUDA_* is
+# absent above for the same reason: the zygote never initialises CUDA.
+LATE_PREFIXES = ("TORCH_NCCL_", "TORCHELASTIC_", "TORCH_DISTRIBUTED_",
+                 "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING")
+
+
+def warm_compatible(zygote_env: Mapping[str, str], job_env: Mapping[str, str]) -> str | None:
+    """None if a fork of a zygote started with ``zygote_env`` runs as a fresh interpreter
+    started with ``job_env`` would; else the first variable (by name) that differs and acts
+    at start-up, for the log: such a job must start cold."""
+    for name in sorted(set(zygote_env) | set(job_env)):
+        if (name.startswith(STARTUP_PREFIXES) and not name.startswith(LATE_PREFIXES)
+                and zygote_env.get(name) != job_env.get(name)):
+            return name
+    return None
 
 
 class Forked:
@@ -54,19 +79,24 @@ class Forked:
 
 class Zygote:
     """Starts ``python -m gandiva.job.warm`` at once; ``fork`` gives a warm process once its
-    imports are done (``ready``), None before that or when it cannot."""
+    imports are done (``ready``), None before that or when it cannot. ``env``: what to add to
+    this process's environment for the zygote, to match what every job gets (so that
+    ``warm_compatible(zygote.env, job_env)`` holds for ordinary jobs); ``self.env`` is the
+    environment it started with."""
 
-    def __init__(self, python: str, workdir: Path) -> None:
+    def __init__(self, python: str, workdir: Path, env: Mapping[str, str] | None = None
+                 ) -> None:
         self._lock = threading.Lock()  # one fork at a time: a request, then its answer
         self._exits: dict[int, int] = {}
         self._forked: list[int] = []
         self._answer = threading.Condition()
         self._ready = threading.Event()
+        self.env = {**os.environ, **(env or {})}
         ours, theirs = socket.socketpair()
-        env = {**os.environ, "GANDIVA_CONTROL_FD": str(theirs.fileno())}
         with open(workdir / "warm.log", "ab") as log:
             self.proc = subprocess.Popen(
-                [python, "-u", "-m", "gandiva.job.warm"], env=env, stdout=log,
+                [python, "-u", "-m", "gandiva.job.warm"],
+                env={**self.env, "GANDIVA_CONTROL_FD": str(theirs.fileno())}, stdout=log,
                 stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),), start_new_session=True,
                 cwd=workdir)
         theirs.close()

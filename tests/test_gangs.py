@@ -1,0 +1,160 @@
+"""Gangs of unmodified scripts on the node agent, and what a warm start must honour: the end
+of a script that leaves its process group to the interpreter, and an environment that acts
+when Python or torch starts."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from test_runtime import wait_for  # noqa: E402
+
+from gandiva.job import wire  # noqa: E402
+from gandiva.node import agent as agent_module  # noqa: E402
+from gandiva.node.agent import Agent, Launch  # noqa: E402
+from gandiva.node.zygote import Forked, Zygote, warm_compatible  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+JOB_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # what the agent gives every job
+
+
+def warm_agent(tmp_path: Path, devices: int) -> Agent:
+    agent = Agent(tmp_path / "agent", [f"cpu:{d}" for d in range(devices)],
+                  checkpoint_every_s=1e9, max_restarts=0)
+    deadline = time.monotonic() + 60
+    while not agent.warm_ready():
+        assert time.monotonic() < deadline, "the zygote never became ready"
+        time.sleep(0.05)
+    return agent
+
+
+def test_an_unmodified_ddp_gang_time_sliced_by_signals_ends_done(tmp_path):
+    """Both ranks of a warm-started torchrun script that never calls destroy_process_group
+    exit 0 after several SIGSTOP/SIGCONT turns."""
+    agent = warm_agent(tmp_path, 2)
+    try:
+        agent.start("g", Launch(["{python}", str(EXAMPLES / "ddp_plain.py"), "--steps", "400"]),
+                    (0, 1))
+        assert all(isinstance(r.proc, Forked) for r in agent.jobs["g"].ranks)
+        time.sleep(0.3)
+        for _ in range(4):
+            agent.suspend("g")
+            if "g" not in agent.jobs:
+                break  # it ended between turns
+            assert agent.jobs["g"].signalled
+            time.sleep(0.1)
+            agent.resume("g", (0, 1))
+            time.sleep(0.15)
+        wait_for(agent, "done", "g", timeout=60)
+        for rank in (0, 1):
+            assert f"rank {rank} of 2" in agent.read_log("g", rank).decode()
+    finally:
+        agent.close()
+
+
+def test_a_warm_script_s_groups_are_destroyed_after_atexit_before_shutdown(tmp_path):
+    """What the script leaves, the warm process destroys after the script's atexit handlers
+    and before the interpreter finalizes (when gloo's threads could no longer take the
+    GIL); the exit status is the script's."""
+    out = tmp_path / "out.txt"
+    script = tmp_path / "leaves_its_group.py"
+    script.write_text(
+        "import atexit, sys\n"
+        "import torch, torch.distributed as dist\n"
+        "out = open(sys.argv[1], 'w', buffering=1)\n"
+        "destroy = dist.destroy_process_group\n"
+        "def traced(*a):\n"
+        "    out.write(f'destroy finalizing={sys.is_finalizing()}\\n')\n"
+        "    destroy(*a)\n"
+        "dist.destroy_process_group = traced\n"
+        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "t = torch.ones(3)\n"
+        "dist.all_reduce(t)  # a collective from Python, left behind\n"
+        "atexit.register(lambda: out.write(f'atexit {dist.is_initialized()}\\n'))\n"
+        "sys.exit(7)\n")
+    agent = warm_agent(tmp_path, 1)
+    try:
+        agent.start("s", Launch(["{python}", str(script), str(out)]), (0,))
+        with pytest.raises(AssertionError, match="exited with status 7"):
+            wait_for(agent, "done", "s", timeout=60)
+        assert out.read_text().splitlines() == ["atexit True", "destroy finalizing=False"]
+    finally:
+        agent.close()
+
+
+# ---- the environment a warm start honours ---------------------------------------------------
+
+def test_warm_compatible_compares_only_what_acts_at_start_up():
+    zygote = {"PATH": "/bin", "HOME": "/root", **JOB_ENV}
+    job = {**zygote, "RANK": "1", "MASTER_PORT": "29500", "CUDA_VISIBLE_DEVICES": "1,0",
+           "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCHELASTIC_RUN_ID": "j",
+           "GANDIVA_JOB_ID": "j", "HOME": "/home/other"}
+    assert warm_compatible(zygote, job) is None  # read after the fork, or not torch's
+    for name, value in [("OMP_NUM_THREADS", "2"), ("MKL_NUM_THREADS", "4"),
+                        ("LD_PRELOAD", "/lib/libjemalloc.so"), ("PYTHONHASHSEED", "0"),
+                        ("TORCH_LOGS", "+dynamo"), ("TORCHINDUCTOR_CACHE_DIR", "/tmp/x"),
+                        ("OPENBLAS_NUM_THREADS", "1"), ("KMP_AFFINITY", "compact")]:
+        assert warm_compatible(zygote, {**job, name: value}) == name
+    assert warm_compatible({**zygote, "LD_LIBRARY_PATH": "/opt"}, job) == "LD_LIBRARY_PATH"
+    assert warm_compatible(zygote, {**job, "OMP_NUM_THREADS": "2", "LD_PRELOAD": "x"}) \
+        == "LD_PRELOAD"  # the first by name
+
+
+def become(zygote: Zygote, tmp_path: Path, script: Path, env: dict[str, str]) -> int:
+    """Fork a warm process, make it run ``script``, and return its exit status."""
+    forked = zygote.fork()
+    assert forked is not None
+    proc, ours = forked
+    with ours:
+        ours.sendall(wire.encode(wire.Become([str(script)], env, str(tmp_path),
+                                             str(tmp_path / "log.txt"))))
+        return proc.wait(timeout=60)
+
+
+def test_the_zygote_starts_with_the_jobs_environment_and_a_fork_sizes_torch_s_pool(tmp_path):
+    zygote = Zygote(sys.executable, tmp_path, env=JOB_ENV)
+    try:
+        deadline = time.monotonic() + 60
+        while not zygote.ready:
+            assert time.monotonic() < deadline, "the zygote never became ready"
+            time.sleep(0.05)
+        assert {k: zygote.env[k] for k in JOB_ENV} == JOB_ENV
+        environ = Path(f"/proc/{zygote.proc.pid}/environ").read_bytes().split(b"\0")
+        assert b"OMP_NUM_THREADS=1" in environ and b"PYTHONUNBUFFERED=1" in environ
+        out = tmp_path / "threads.txt"
+        script = tmp_path / "threads.py"
+        script.write_text("import torch\n"
+                          f"open({str(out)!r}, 'w').write(str(torch.get_num_threads()))\n")
+        assert become(zygote, tmp_path, script, {**zygote.env, "OMP_NUM_THREADS": "2"}) == 0
+        assert out.read_text() == "2"
+    finally:
+        zygote.close()
+
+
+@pytest.mark.skipif(not hasattr(agent_module, "warm_compatible"),
+                    reason="the agent does not consult warm_compatible yet")
+def test_a_job_whose_environment_acts_at_start_up_starts_cold(tmp_path):
+    out = tmp_path / "facts.txt"
+    script = tmp_path / "facts.py"
+    script.write_text("import os, sys\n"
+                      "facts = f'{os.getppid()} {\"torch\" in sys.modules}'\n"
+                      "open(sys.argv[1], 'a').write(facts + '\\n')\n")
+    agent = warm_agent(tmp_path, 1)
+    try:
+        zygote = agent._zygote.proc.pid
+        agent.start("warm", Launch(["{python}", str(script), str(out)]), (0,))
+        wait_for(agent, "done", "warm")
+        agent.start("cold", Launch(["{python}", str(script), str(out)],
+                                   env={"TORCH_SHOW_CPP_STACKTRACES": "1"}), (0,))
+        wait_for(agent, "done", "cold")
+        warm, cold = out.read_text().splitlines()
+        assert warm == f"{zygote} True"
+        assert cold.split()[0] != str(zygote) and cold.split()[1] == "False"
+    finally:
+        agent.close()
+
