@@ -334,8 +334,14 @@ class Agent:
                     caps = [peak + spare for peak in peaks]
                 for (_, r), cap in zip(here, caps, strict=True):
                     if cap != r.cap_gb:
+                        data = wire.encode(wire.Limit(cap))
+                        try:  # never blocks: a job that reads nothing keeps its old cap
+                            sent = r.sock.send(data)
+                        except OSError:
+                            continue
+                        if sent < len(data):  # the line must not be torn: finish it
+                            self._send_rest(r, data[sent:])
                         r.cap_gb = cap
-                        self._send(r, wire.Limit(cap))
 
     def _moves_in_place(self, job: _Job, devices: tuple[int, ...]) -> bool:
         """A one-process job that said it reads ``job.device`` at every step, suspended by
@@ -543,11 +549,14 @@ class Agent:
         return job
 
     def _send(self, r: _Rank, command: wire.Command) -> None:
+        self._send_rest(r, wire.encode(command))  # (if it died, the loop notices the exit)
+
+    def _send_rest(self, r: _Rank, data: bytes) -> None:
         try:
             r.sock.setblocking(True)
-            r.sock.sendall(wire.encode(command))
+            r.sock.sendall(data)
         except OSError:
-            pass  # it died; the exit is noticed by the loop
+            pass
         finally:
             try:
                 r.sock.setblocking(False)
@@ -615,7 +624,9 @@ class Agent:
                 job.aware = True
             elif isinstance(msg, wire.Profile) and first:
                 job.step = msg.step
-                job.memory_gb = max(job.memory_gb or 0.0, msg.memory_gb)
+                if msg.memory_gb > (job.memory_gb or 0.0):
+                    job.memory_gb = msg.memory_gb
+                    self._cap(job.devices)  # its GPU-mates' parts follow its new peak
                 self.events.put(AgentEvent("profile", job.id, msg))
             elif isinstance(msg, wire.Done):
                 job.done = r.done = True
