@@ -44,7 +44,7 @@ from typing import Any
 from gandiva.job import wire
 from gandiva.node import devices as gpus
 from gandiva.node import torchrun
-from gandiva.node.zygote import Forked, Zygote
+from gandiva.node.zygote import Forked, Zygote, warm_compatible
 
 MAX_RESTARTS = 3  # torchrun's --max-restarts: enough for a transient fault, not a crash loop
 ACK_TIMEOUT_S = 60.0  # a suspend waits for the next mini-batch boundary at most this long
@@ -456,7 +456,7 @@ class Agent:
                 log.write(f"--- gandiva: start on {where} "
                           f"(attempt {job.restarts + 1}) ---\n".encode())
             cwd = str(Path(job.launch.cwd or directory).resolve())
-            warm = self._zygote.fork() if self._warmable(job, command) else None
+            warm = self._zygote.fork() if self._warmable(job, command, env) else None
             if warm is not None:
                 proc, ours = warm
                 ours.sendall(wire.encode(wire.Become(command[1:], env, cwd, str(log_path))))
@@ -482,18 +482,24 @@ class Agent:
         self._wakeup_w.send(b"x")
 
     # ---- warm starts (see gandiva.job.warm) ---------------------------------------------
-    def _warmable(self, job: _Job, command: list[str]) -> bool:
-        """A Python script with no Python start-up settings of its own can start warm
-        (PYTHONPATH and the like only act when an interpreter starts), once the zygote is
-        ready; a zygote that died is replaced, and the jobs start cold meanwhile."""
+    def _warmable(self, job: _Job, command: list[str], env: dict[str, str]) -> bool:
+        """A Python script can start warm once the zygote is ready, unless its environment
+        differs from the zygote's in a variable that acts only when an interpreter or a
+        library starts (PYTHONPATH, OMP_*, LD_*, TORCH*: ``zygote.warm_compatible``); a
+        zygote that died is replaced, and the jobs start cold meanwhile."""
         if not (self.warm and len(command) > 1 and command[0] == self.python
-                and command[1].endswith(".py")
-                and not any(k.startswith("PYTHON") for k in job.launch.env)):
+                and command[1].endswith(".py")):
             return False
         if self._zygote is not None and not self._zygote.alive and not self._closed:
             self._zygote.close()
             self._warm_up()
-        return self.warm_ready()
+        if not self.warm_ready():
+            return False
+        differs = warm_compatible(self._zygote.env, env)
+        if differs is not None:
+            self._log(job, f"starts cold: its {differs} differs from the warm zygote's")
+            return False
+        return True
 
     def warm_ready(self) -> bool:
         """Would a job start warm now (the zygote has its imports done)?"""
@@ -501,7 +507,9 @@ class Agent:
 
     def _warm_up(self) -> None:
         if self.warm:
-            self._zygote = Zygote(self.python, self.workdir)
+            # started with what every job gets, so that an ordinary job starts warm
+            self._zygote = Zygote(self.python, self.workdir, env={
+                "OMP_NUM_THREADS": str(self.threads), "PYTHONUNBUFFERED": "1"})
 
     def _pin(self, job: _Job, devices: tuple[int, ...]) -> None:
         job.devices = tuple(devices)
