@@ -1,19 +1,49 @@
-"""PyTorch Lightning under gandiva: suspend, resume, checkpoint and move at
-``on_train_batch_end``, through Lightning's own checkpoints.
+"""PyTorch Lightning under gandiva: suspend, resume, checkpoint and move at optimizer steps,
+through Lightning's own checkpoints, for both of Lightning's packages.
 
-An unmodified script gets this: when a job runs under gandiva, Lightning finds
-``callbacks()`` through its ``lightning.pytorch.callbacks_factory`` entry point (declared in
-gandiva's package) and adds ``GandivaCallback`` to every ``Trainer``. A script may also add
-it itself, ``Trainer(callbacks=[GandivaCallback()])``.
+An unmodified script gets this: when a job runs under gandiva, Lightning finds gandiva's
+callback through its entry point (``lightning.pytorch.callbacks_factory`` for
+``import lightning.pytorch``, ``pytorch_lightning.callbacks_factory`` for ``import
+pytorch_lightning``; both declared in gandiva's package) and adds it to every ``Trainer``. A
+script may also add it itself: ``Trainer(callbacks=[GandivaCallback()])`` (lightning.pytorch),
+``callback_class("pytorch_lightning")()`` for the classic package, whose ``Trainer`` takes
+only callbacks of its own package. Each package is imported only when asked for.
 
 How it resumes: the callback is an ``OnExceptionCheckpoint``, Lightning's fault-tolerance
 callback, whose ``ckpt_path`` ``Trainer.fit`` consults when it is given no ``ckpt_path``
 ("last"). Here ``ckpt_path`` is the job's newest whole checkpoint (checksum verified, as the
 job library's), so ``fit`` restores it with Lightning's own machinery: model, optimizers,
-schedulers, callbacks, loops, and the position in the epoch. That position is exact when the
-train dataloader is resumable (``state_dict``/``load_state_dict``, e.g. torchdata's
-``StatefulDataLoader``); with a plain ``DataLoader`` Lightning restarts the epoch's data from
-its beginning and says so (its rule, not ours).
+schedulers, callbacks, loops, and the position in the epoch.
+
+Safe points (``Job.boundary``) are the ends of the mini-batches on which the optimizer
+stepped (``trainer.global_step`` moved: with ``accumulate_grad_batches`` never between the
+accumulated batches; manual optimization too), and ``Job.step`` is ``global_step``, the name
+of each checkpoint. Two optimizer steps are not safe points, so that a resume never differs
+from the run it continues: the one that ends an epoch (Lightning would resume in the next
+epoch, whose data order is drawn before any callback hook could restore the random state) and
+one that validation follows (Lightning would resume past that validation, skipping it).
+An epoch of no more batches than ``accumulate_grad_batches`` thus has no safe point.
+
+What is exact, beyond Lightning's own rules:
+
+- Random state: the torch CPU (and CUDA, on a GPU), Python ``random`` and NumPy states of
+  every rank are in the checkpoint (gathered to the writing rank); each rank restores its
+  own at the first mini-batch of the resumed run, so dropout draws what the uninterrupted run
+  draws. A rank that the checkpoint has no state for (the job was resized) keeps its own.
+- Mid-epoch data with a plain ``DataLoader`` (a map-style dataset, a ``BatchSampler``, no
+  workers), shuffled or not, and with the ``DistributedSampler`` Lightning puts in under DDP:
+  the loader's sampler is wrapped; it keeps the torch random state at which each epoch's order
+  was drawn, and a resumed epoch draws the same order and skips the indices of the batches
+  Lightning counts as done, without loading their data. Lightning restarts such an epoch's
+  data from its beginning; a resumable loader (``state_dict``/``load_state_dict``, e.g.
+  torchdata's ``StatefulDataLoader``) is left to Lightning, which resumes it itself.
+
+Limits that remain: a loader with workers (``num_workers > 0``) is not wrapped (its order is
+drawn when the epoch's iterator starts its workers, before any hook: Lightning's rule applies,
+and its worker seeds differ anyway); nor an iterable dataset or a custom batch sampler.
+Draws from the global random state while loading data (random augmentations in the main
+process), in epoch-start hooks, or by a loader reloaded every n epochs, are not replayed. A
+resize changes a ``DistributedSampler``'s split, so the resumed epoch is not the same.
 
 Checkpoints are Lightning's ``.ckpt`` format, written by ``Trainer.save_checkpoint`` on every
 rank (Lightning's strategy picks the writer) and committed by rank 0 under the job library's
@@ -23,17 +53,23 @@ name and checksum (``gandiva.job.checkpoint``): a ``.ckpt`` that ``torch.load`` 
 
 from __future__ import annotations
 
+import functools
+import importlib
+import itertools
 import os
+import random
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.callbacks import OnExceptionCheckpoint
 
 import gandiva.job as gj
 from gandiva.job import checkpoint
+
+PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 
 # Lightning's words when fit() takes "last" from a fault-tolerance callback and when there is
 # no checkpoint yet: both are the expected case under gandiva, not the user's mistake
@@ -41,24 +77,60 @@ for _message in (r".*ckpt_path=None.*was called without a model",
                  r".*ckpt_path=\"last\".*no last checkpoint available",
                  r".*ckpt_path='last'.*no last checkpoint available"):
     warnings.filterwarnings("ignore", message=_message)
+# ...and its warning on a mid-epoch resume of a plain loader, which is not true of one whose
+# sampler is wrapped here (set once every train loader is)
+_NOT_RESUMABLE = r"You're resuming from a checkpoint that ended before the epoch ended"
 
 
 def callbacks() -> list[Any]:
-    """Lightning's entry point: a ``GandivaCallback`` for every ``Trainer`` of a job run by
+    """``lightning.pytorch``'s entry point: a callback for every ``Trainer`` of a job run by
     gandiva (or run alone with a checkpoint directory); none otherwise."""
+    return _for_job("lightning.pytorch")
+
+
+def pytorch_lightning_callbacks() -> list[Any]:
+    """``pytorch_lightning``'s entry point, as ``callbacks``."""
+    return _for_job("pytorch_lightning")
+
+
+def _for_job(package: str) -> list[Any]:
     if "GANDIVA_JOB_ID" in os.environ or "GANDIVA_CHECKPOINT_DIR" in os.environ:
-        return [GandivaCallback()]
+        return [callback_class(package)()]
     return []
 
 
-class GandivaCallback(OnExceptionCheckpoint):
-    """Each training mini-batch's end is a safe point of the job (``Job.boundary``)."""
+@functools.cache
+def callback_class(package: str) -> type:
+    """The callback for ``package`` (one of ``PACKAGES``): a subclass of that package's
+    ``OnExceptionCheckpoint``, since each package's ``Trainer`` accepts only its own
+    callbacks. Imports the package."""
+    if package not in PACKAGES:
+        raise ValueError(f"not a Lightning package: {package!r}; one of {PACKAGES}")
+    base = importlib.import_module(f"{package}.callbacks").OnExceptionCheckpoint
+    return type("GandivaCallback", (_Steering, base),
+                {"__module__": __name__, "__qualname__": "GandivaCallback",
+                 "__doc__": f"gandiva's callback for {package}: see the module's doc."})
+
+
+def __getattr__(name: str) -> Any:
+    # GandivaCallback (lightning.pytorch's) without importing Lightning with this module
+    if name == "GandivaCallback":
+        return callback_class("lightning.pytorch")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _Steering:
+    """The callback's hooks, the same for both packages (``callback_class`` adds the base)."""
 
     def __init__(self) -> None:
         self.job = gj.init()
         directory = self.job.checkpoint_dir
         super().__init__(dirpath=directory or Path.cwd(), filename="gandiva")
         self.active = False
+        self.trainer: Any = None
+        self.samplers: list[ResumableSampler | None] = []
+        self.seen_step = 0  # global_step at the last mini-batch's end
+        self.loaded: dict[str, Any] | None = None  # this rank's state from the checkpoint
 
     @property
     def ckpt_path(self) -> str | None:  # type: ignore[override]
@@ -70,9 +142,10 @@ class GandivaCallback(OnExceptionCheckpoint):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         # one callback steers the job, if a script also added its own
-        mine = [cb for cb in trainer.callbacks if isinstance(cb, GandivaCallback)]
+        mine = [cb for cb in trainer.callbacks if isinstance(cb, _Steering)]
         self.active = stage == "fit" and mine[0] is self
         if self.active:
+            self.trainer = trainer
             self.job.distributed()  # Lightning's strategy made the group: adopt it
             self.job.writer = trainer.save_checkpoint
 
@@ -82,20 +155,36 @@ class GandivaCallback(OnExceptionCheckpoint):
         restored = _step_of(trainer.ckpt_path)
         if restored is not None:
             self.job.restored(restored)
+        self.seen_step = trainer.global_step
+        self.samplers = [self._wrap(i, loader) for i, loader in enumerate(_loaders(trainer))]
+        if self.samplers and all(self.samplers):
+            warnings.filterwarnings("ignore", message=_NOT_RESUMABLE)
         self.job.register(model=pl_module,
                           **{f"optimizer{i}": opt for i, opt in enumerate(trainer.optimizers)})
         self.job.started()
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.active and self.loaded is not None:
+            _set_rng(self.loaded["rng"], pl_module.device)  # the last draws before the step
+            self.loaded = None
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not self.active:
             return
+        stepped = trainer.global_step != self.seen_step
+        self.seen_step = trainer.global_step
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         metrics = {"loss": float(loss)} if torch.is_tensor(loss) and loss.numel() == 1 else {}
-        self.job.report(samples=_batch_size(batch), **metrics)
-        self.job.boundary()
+        # the optimizer step this mini-batch belongs to, counted from 1
+        at = trainer.global_step + (0 if stepped else 1)
+        self.job.report(samples=_batch_size(batch), at=at, **metrics)
+        if stepped and _safe(trainer):
+            self.job.step = trainer.global_step - 1  # the boundary counts this step
+            self.job.boundary()
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self.active:
+            self.job.step = trainer.global_step  # the final checkpoint's name
             self.job.finish()
 
     def on_exception(self, trainer, *_: Any, **__: Any) -> None:
@@ -105,8 +194,132 @@ class GandivaCallback(OnExceptionCheckpoint):
     def teardown(self, trainer, *_: Any, **__: Any) -> None:
         """Keep the checkpoints (OnExceptionCheckpoint deletes its file here)."""
 
+    # ---- what the checkpoint holds beyond Lightning's own ---------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        """Every rank's random state and epoch order (Lightning calls this on every rank and
+        writes rank 0's, so the ranks' are gathered here)."""
+        if not self.active:
+            return {}
+        device = self.trainer.lightning_module.device
+        mine = {"rng": _rng(device), "epoch": self.trainer.current_epoch,
+                "orders": [s.order_rng if s else None for s in self.samplers]}
+        return {"ranks": _gather(mine)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ranks = state.get("ranks", [])
+        rank = self.trainer.global_rank if self.trainer is not None else self.job.rank
+        self.loaded = dict(ranks[rank]) if rank < len(ranks) else None
+
+    # ---- data order -------------------------------------------------------------------------
+    def _wrap(self, index: int, loader: Any) -> ResumableSampler | None:
+        """Wrap ``loader``'s sampler if replaying its order is exact (see the module doc)."""
+        from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+
+        batches = getattr(loader, "batch_sampler", None)
+        if (not isinstance(loader, DataLoader) or loader.num_workers
+                or isinstance(loader.dataset, IterableDataset)
+                or not isinstance(batches, BatchSampler)):
+            return None
+        if not isinstance(batches.sampler, ResumableSampler):
+            batches.sampler = ResumableSampler(batches.sampler)
+        batches.sampler.plan = functools.partial(self._replay, index, batches.batch_size)
+        return batches.sampler
+
+    def _replay(self, index: int, batch_size: int) -> tuple[torch.Tensor, int] | None:
+        """For a resumed epoch: the random state its order was drawn from, and how many
+        indices the batches Lightning counts as done took; None for a new epoch."""
+        loaded = self.loaded
+        if loaded is None or loaded["epoch"] != self.trainer.current_epoch:
+            return None
+        orders = loaded["orders"]
+        order, orders[index] = (orders[index] if index < len(orders) else None), None
+        if order is None:
+            return None
+        done = self.trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        return order, done * batch_size
+
+
+class ResumableSampler:
+    """A sampler that remembers the torch random state each of its epochs drew its order
+    from, and can draw an epoch's order again from it, beginning after the indices already
+    done: what makes a plain ``DataLoader`` resume mid-epoch. ``plan`` says, as an epoch
+    begins, whether it is a resumed one (the state and how many indices to skip)."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+        self.order_rng: torch.Tensor | None = None
+        self.plan = lambda: None
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "sampler":  # not set yet (copying): no recursion
+            raise AttributeError(name)
+        return getattr(self.sampler, name)  # set_epoch, and what else a sampler offers
+
+    def __iter__(self):
+        replay = self.plan()
+        if replay is None:
+            self.order_rng = torch.get_rng_state()
+            return iter(self.sampler)
+        self.order_rng, skip = replay
+        now = torch.get_rng_state()
+        torch.set_rng_state(self.order_rng)
+        # take one index more than the skipped: a lazy sampler (RandomSampler) draws its
+        # order at its first index, which must come from the epoch's state
+        order = iter(self.sampler)
+        head = list(itertools.islice(order, skip + 1))[skip:]
+        torch.set_rng_state(now)
+        return itertools.chain(head, order)
+
+
+def _loaders(trainer) -> list[Any]:
+    combined = getattr(trainer.fit_loop, "_combined_loader", None)
+    return list(getattr(combined, "flattened", None) or [])
+
+
+def _safe(trainer) -> bool:
+    """Whether the end of this mini-batch, after an optimizer step, is a safe point: not the
+    end of the epoch, and no validation next (see the module doc)."""
+    loop = trainer.fit_loop.epoch_loop
+    progress = loop.batch_progress
+    if progress.is_last_batch or progress.current.ready >= trainer.num_training_batches:
+        return False
+    try:
+        return not loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
+    except (AttributeError, TypeError):  # another Lightning's internals: no validation known
+        return True
+
+
+def _rng(device: torch.device) -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if "numpy" in sys.modules:  # as plain numbers: Lightning loads with weights_only
+        name, keys, pos, has_gauss, gauss = sys.modules["numpy"].random.get_state()
+        state["numpy"] = (str(name), keys.tolist(), int(pos), int(has_gauss), float(gauss))
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "numpy" in state and "numpy" in sys.modules:
+        sys.modules["numpy"].random.set_state(state["numpy"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _gather(mine: Any) -> list[Any]:
+    """``mine`` from every rank, in rank order (just ``[mine]`` alone)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [mine]
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return everyone
 
 
 def _step_of(path: str | None) -> int | None:
