@@ -34,16 +34,19 @@ What is exact, beyond Lightning's own rules:
   workers), shuffled or not, and with the ``DistributedSampler`` Lightning puts in under DDP:
   the loader's sampler is wrapped; it keeps the torch random state at which each epoch's order
   was drawn, and a resumed epoch draws the same order and skips the indices of the batches
-  Lightning counts as done, without loading their data. Lightning restarts such an epoch's
-  data from its beginning; a resumable loader (``state_dict``/``load_state_dict``, e.g.
-  torchdata's ``StatefulDataLoader``) is left to Lightning, which resumes it itself.
+  Lightning counts as done, without loading their data (Lightning itself restarts a plain
+  loader's epoch from its beginning). A resumable loader (``state_dict``/``load_state_dict``,
+  e.g. torchdata's ``StatefulDataLoader``) is left to Lightning, which resumes it itself.
 
 Limits that remain: a loader with workers (``num_workers > 0``) is not wrapped (its order is
 drawn when the epoch's iterator starts its workers, before any hook: Lightning's rule applies,
 and its worker seeds differ anyway); nor an iterable dataset or a custom batch sampler.
 Draws from the global random state while loading data (random augmentations in the main
-process), in epoch-start hooks, or by a loader reloaded every n epochs, are not replayed. A
-resize changes a ``DistributedSampler``'s split, so the resumed epoch is not the same.
+process) or in epoch-start hooks are not replayed, and loaders reloaded every n epochs are
+not wrapped. A
+resize changes a ``DistributedSampler``'s split, so the resumed epoch is not the same. In a
+gang, time-based validation (``val_check_interval`` as a duration) is not consulted (each
+rank's clock would pick its own safe point): a resume may skip the validation then due.
 
 Checkpoints are Lightning's ``.ckpt`` format, written by ``Trainer.save_checkpoint`` on every
 rank (Lightning's strategy picks the writer) and committed by rank 0 under the job library's
@@ -156,7 +159,9 @@ class _Steering:
         if restored is not None:
             self.job.restored(restored)
         self.seen_step = trainer.global_step
-        self.samplers = [self._wrap(i, loader) for i, loader in enumerate(_loaders(trainer))]
+        reloaded = getattr(trainer, "reload_dataloaders_every_n_epochs", 0)  # not ours then
+        self.samplers = ([] if reloaded else
+                         [self._wrap(i, loader) for i, loader in enumerate(_loaders(trainer))])
         if self.samplers and all(self.samplers):
             warnings.filterwarnings("ignore", message=_NOT_RESUMABLE)
         self.job.register(model=pl_module,
@@ -217,6 +222,7 @@ class _Steering:
 
         batches = getattr(loader, "batch_sampler", None)
         if (not isinstance(loader, DataLoader) or loader.num_workers
+                or hasattr(loader, "load_state_dict")  # Lightning resumes it itself
                 or isinstance(loader.dataset, IterableDataset)
                 or not isinstance(batches, BatchSampler)):
             return None
@@ -286,6 +292,8 @@ def _safe(trainer) -> bool:
     progress = loop.batch_progress
     if progress.is_last_batch or progress.current.ready >= trainer.num_training_batches:
         return False
+    if trainer.world_size > 1 and getattr(trainer, "_val_check_time_interval", None):
+        return True  # each rank's clock decides: ranks would disagree on the safe point
     try:
         return not loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
     except (AttributeError, TypeError):  # another Lightning's internals: no validation known
