@@ -11,6 +11,7 @@ the epoch's order and the random state; see ``gandiva.job.integrations.lightning
 """
 
 import argparse
+import time
 from types import ModuleType
 
 import torch
@@ -25,9 +26,9 @@ def regressor(pl: ModuleType) -> type:
     takes only its own)."""
 
     class Regressor(pl.LightningModule):
-        def __init__(self, lr: float, width: int) -> None:
+        def __init__(self, lr: float, width: int, val_ms: float = 0.0) -> None:
             super().__init__()
-            self.lr = lr
+            self.lr, self.val_ms = lr, val_ms
             self.net = nn.Sequential(nn.Linear(IN, width), nn.ReLU(), nn.Dropout(0.2),
                                      nn.Linear(width, OUT))
 
@@ -36,6 +37,11 @@ def regressor(pl: ModuleType) -> type:
             loss = nn.functional.mse_loss(self.net(x), y)
             self.log("loss", loss)
             return loss
+
+        def validation_step(self, batch, batch_idx):
+            time.sleep(self.val_ms / 1000)  # an evaluation that takes its time
+            x, y = batch
+            self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
 
         def configure_optimizers(self):
             opt = torch.optim.Adam(self.parameters(), lr=self.lr)
@@ -55,19 +61,25 @@ def main(pl: ModuleType) -> None:
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--devices", type=int, default=1, help="data-parallel ranks (DDP)")
+    ap.add_argument("--val-batches", type=int, default=0, help="validation batches (0: none)")
+    ap.add_argument("--val-ms", type=float, default=0.0, help="time each validation batch takes")
     args = ap.parse_args()
 
     pl.seed_everything(args.seed, verbose=False)
     x = torch.randn(args.samples, IN)
     y = (x @ torch.randn(IN, OUT)).tanh() + 0.1 * torch.randn(args.samples, OUT)
     loader = DataLoader(TensorDataset(x, y), batch_size=args.batch, shuffle=True)
-    model = regressor(pl)(args.lr, args.width)
+    model = regressor(pl)(args.lr, args.width, args.val_ms)
+    val = (DataLoader(TensorDataset(x[:args.val_batches * args.batch],
+                                    y[:args.val_batches * args.batch]), batch_size=args.batch)
+           if args.val_batches else None)
     trainer = pl.Trainer(max_epochs=args.epochs, accumulate_grad_batches=args.accumulate,
+                         num_sanity_val_steps=args.val_batches,
                          accelerator="auto", devices=args.devices,
                          strategy="ddp" if args.devices > 1 else "auto",
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, deterministic=True)
-    trainer.fit(model, loader)
+    trainer.fit(model, loader, val)
     print(f"done: {trainer.global_step} steps")
 
 

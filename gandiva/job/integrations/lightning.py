@@ -187,6 +187,10 @@ class _Steering:
             self.job.step = trainer.global_step - 1  # the boundary counts this step
             self.job.boundary()
 
+    def on_validation_batch_end(self, trainer, pl_module, *_: Any, **__: Any) -> None:
+        if self.active:  # a suspend need not wait for the validation's end
+            self.job.pause_point()
+
     def on_train_end(self, trainer, pl_module) -> None:
         if self.active:
             self.job.step = trainer.global_step  # the final checkpoint's name
