@@ -291,9 +291,10 @@ class Job:
         """Training begins (after any restore): the agent may steer the job from here on."""
         self._send(wire.Started(self.step, self.restored_from, self.in_place))
 
-    def boundary(self) -> None:
-        """A mini-batch has ended: a safe point, where the job obeys the agent."""
-        command = self.next_command()
+    def boundary(self, step: int | None = None) -> None:
+        """A mini-batch has ended: a safe point, where the job obeys the agent. ``step``: the
+        steps done now, where a framework counts them itself (else one more than before)."""
+        command = self.next_command(step)
         while command is not None:
             command = self.obey(command)
 
@@ -318,12 +319,13 @@ class Job:
             self.metrics[name] = value
             self._points.setdefault(name, {})[step] = value  # a step's latest value
 
-    def next_command(self) -> wire.Command | None:
-        """Count the mini-batch that just ended, and say what the job must do at this
-        boundary (the same on every rank), if anything: the agent's command, or a periodic
-        checkpoint. ``boundary`` obeys it at once; an integration whose framework must
-        write the checkpoint itself obeys it once the framework has (see ``hf``)."""
-        self.step += 1
+    def next_command(self, step: int | None = None) -> wire.Command | None:
+        """Count the mini-batch that just ended (``step``: the steps done now, if the caller
+        counts them), and say what the job must do at this boundary (the same on every
+        rank), if anything: the agent's command, or a periodic checkpoint. ``boundary``
+        obeys it at once; an integration whose framework must write the checkpoint itself
+        obeys it once the framework has (see ``hf``)."""
+        self.step = self.step + 1 if step is None else step
         self._window_steps += 1
         self._flush_report()
         if self._deferred is not None:

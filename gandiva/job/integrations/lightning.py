@@ -184,8 +184,7 @@ class _Steering:
         at = trainer.global_step + (0 if stepped else 1)
         self.job.report(samples=_batch_size(batch), at=at, **metrics)
         if stepped and _safe(trainer):
-            self.job.step = trainer.global_step - 1  # the boundary counts this step
-            self.job.boundary()
+            self.job.boundary(step=trainer.global_step)
 
     def on_validation_batch_end(self, trainer, pl_module, *_: Any, **__: Any) -> None:
         if self.active:  # a suspend need not wait for the validation's end
