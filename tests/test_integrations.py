@@ -200,21 +200,6 @@ def test_unmodified_lightning_script_time_sliced_restarted_ends_bit_identical(tm
 
 # ---- Hugging Face Trainer: one changed line -------------------------------------------
 
-def hf_training(state: dict) -> dict:
-    """What training produced, from a packed Trainer checkpoint: weights, optimizer,
-    scheduler, and the step."""
-    import io
-    import json
-
-    from safetensors.torch import load as load_safetensors
-
-    files = state["transformers_checkpoint"]
-    return {"weights": load_safetensors(files["model.safetensors"]),
-            "optimizer": torch.load(io.BytesIO(files["optimizer.pt"]), weights_only=False),
-            "scheduler": torch.load(io.BytesIO(files["scheduler.pt"]), weights_only=False),
-            "step": json.loads(files["trainer_state.json"])["global_step"]}
-
-
 def test_hf_trainer_script_time_sliced_restarted_ends_bit_identical(tmp_path):
     pytest.importorskip("transformers", reason="pip install -e '.[integrations]'")
     script = str(EXAMPLES / "hf_bert.py")
@@ -222,9 +207,11 @@ def test_hf_trainer_script_time_sliced_restarted_ends_bit_identical(tmp_path):
     backend, result = run_under_gandiva(
         tmp_path, {j: Launch(["{python}", script, *a]) for j, a in runs.items()},
         crash="h0", spec_model="bert", last_step=400)
-    refs = standalone_all(tmp_path, {j: [sys.executable, script, *a] for j, a in runs.items()})
-    for jid, ref_state in refs.items():
-        ref = hf_training(ref_state)
-        final = hf_training(checkpoint.latest(backend.agent.checkpoint_dir(jid))[1])
+    from test_hf import hf_training, run_alone  # a Trainer's checkpoint is a tar, not a dict
+
+    refs = run_alone(tmp_path, {j: [sys.executable, script, *a] for j, a in runs.items()})
+    for jid, (ref_file, _) in refs.items():
+        ref = hf_training(ref_file)
+        final = hf_training(checkpoint.newest_whole(backend.agent.checkpoint_dir(jid))[1])
         assert final["step"] == ref["step"] == 400
         assert_same_training(final, ref, ("weights", "optimizer", "scheduler"))
