@@ -163,6 +163,20 @@ class Job:
         if self.world_size > 1:
             self._hello()
 
+    def barrier(self) -> None:
+        """Every rank of the gang meets here (through the control group); alone: nothing."""
+        if self._pg is not None:
+            self._pg.barrier(group=self._control)
+
+    def gather(self, mine: Any) -> list[Any] | None:
+        """Every rank's ``mine`` (a picklable object), in rank order, at rank 0; None at the
+        others. Alone: ``[mine]``."""
+        if self._pg is None:
+            return [mine]
+        into = [None] * self.world_size if self.rank == 0 else None
+        self._pg.gather_object(mine, into, dst=0, group=self._control)
+        return into
+
     def _hello(self) -> None:
         """Tell the agent this rank obeys commands at its boundaries. Decision: a gang's
         ranks say so only once the gang has met, so that the agent never has some of them

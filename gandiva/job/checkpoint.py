@@ -10,7 +10,8 @@ bad disk) is renamed ``*.corrupt`` (kept for inspection, never deleted) and the 
 checkpoint is used.
 
 The payload is the script's business: the job library's ``Job.state()``, or a framework's
-own checkpoint (Lightning's ``.ckpt`` format) written through ``commit``.
+own checkpoint written through ``commit`` (Lightning's ``.ckpt``, which ``torch.load`` opens;
+an uncompressed tar of the HF Trainer's checkpoint directory, which ``hf.unpack`` opens).
 """
 
 from __future__ import annotations
@@ -158,15 +159,18 @@ def _set_aside(file: Path) -> None:
 
 
 def latest(directory: Path) -> tuple[int, dict[str, Any]] | None:
-    """The newest checkpoint that reads back whole, loaded."""
-    while (found := newest_whole(directory)) is not None:
-        step, file = found
-        try:
-            return step, read(file)
-        except (ValueError, OSError, RuntimeError, EOFError) as err:
-            print(f"gandiva: skipping checkpoint {file.name}: {err}", file=sys.stderr)
-            _set_aside(file)
-    return None
+    """The newest checkpoint that verifies, loaded with ``torch.load``. A file that verifies
+    is whole: if ``torch.load`` cannot open it, it is another format (a framework's), and
+    the error says so; it is never set aside."""
+    found = newest_whole(directory)
+    if found is None:
+        return None
+    step, file = found
+    try:
+        return step, read(file)
+    except (ValueError, OSError, RuntimeError, EOFError) as err:
+        raise ValueError(f"{file}: whole (its digest matches) but not a torch.save file; "
+                         f"a framework's checkpoint opens with its integration ({err})") from err
 
 
 # ---- moving a checkpoint to another node: (step, file contents, digest) ----------------------

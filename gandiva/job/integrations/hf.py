@@ -208,7 +208,7 @@ class GandivaCallback(TrainerCallback):
             meta = self._meta(folder)
             if meta:
                 _rng_for_width(folder, meta["world_size"], self.job.world_size)
-        self._barrier()
+        self.job.barrier()
         self.resumed, self.unpacked = self._meta(folder), node
         self._fit_width()
         self.job.restored(step)
@@ -239,10 +239,6 @@ class GandivaCallback(TrainerCallback):
         print(f"gandiva: resized from {meta['world_size']} to {width} ranks: per-device batch "
               f"{batch}, gradient accumulation {per_rank // batch} (global batch {total})",
               file=sys.stderr, flush=True)
-
-    def _barrier(self) -> None:
-        if self.job.world_size > 1 and self.job._pg is not None:
-            self.job._pg.barrier(group=self.job._control)
 
     # ---- hooks -----------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, optimizer=None,
@@ -282,11 +278,14 @@ class GandivaCallback(TrainerCallback):
             self.unpacked = None
         self.job.report(samples=args.per_device_train_batch_size
                         * args.gradient_accumulation_steps)
-        command = self.job.next_command()
+        command = self.job.next_command(step=state.global_step)
         while command is not None and not isinstance(command, wire.Checkpoint):
             command = self.job.obey(command)  # a suspend (waits here), or a stray resume
         if command is not None:
             self._defer(command)
+
+    def on_prediction_step(self, args, state, control, **_: Any):
+        self.job.pause_point()  # an evaluation batch: a suspend need not wait for its end
 
     def _defer(self, command: wire.Checkpoint) -> None:
         """Write ``command``'s checkpoint at the next safe point (one write for several)."""
@@ -363,13 +362,7 @@ class GandivaCallback(TrainerCallback):
         pack(folder, scratch, extra)
 
     def _gather(self, files: dict[str, bytes]) -> list[dict[str, bytes]]:
-        if self.job.world_size <= 1 or self.job._pg is None:
-            return [files]
-        import torch.distributed as dist
-
-        into = [None] * self.job.world_size if self.job.rank == 0 else None
-        dist.gather_object(files, into, dst=0, group=self.job._control)
-        return into or []
+        return self.job.gather(files) or []
 
     def _meta_now(self, width: int) -> dict[str, Any]:
         args = self.trainer.args
