@@ -57,10 +57,12 @@ def test_an_unmodified_ddp_gang_time_sliced_by_signals_ends_done(tmp_path):
         agent.close()
 
 
-def test_a_warm_script_s_groups_are_destroyed_after_atexit_before_shutdown(tmp_path):
-    """What the script leaves, the warm process destroys after the script's atexit handlers
-    and before the interpreter finalizes (when gloo's threads could no longer take the
-    GIL); the exit status is the script's."""
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_a_script_s_groups_are_destroyed_after_atexit_before_shutdown(tmp_path, warm):
+    """What the script leaves, its process (a fork of the zygote, or a cold start through
+    ``gandiva.job.warm --cold``) destroys after the script's atexit handlers and before the
+    interpreter finalizes (when gloo's threads could no longer take the GIL); the exit
+    status is the script's."""
     out = tmp_path / "out.txt"
     script = tmp_path / "leaves_its_group.py"
     script.write_text(
@@ -77,7 +79,9 @@ def test_a_warm_script_s_groups_are_destroyed_after_atexit_before_shutdown(tmp_p
         "dist.all_reduce(t)  # a collective from Python, left behind\n"
         "atexit.register(lambda: out.write(f'atexit {dist.is_initialized()}\\n'))\n"
         "sys.exit(7)\n")
-    agent = warm_agent(tmp_path, 1)
+    agent = (warm_agent(tmp_path, 1) if warm else
+             Agent(tmp_path / "agent", ["cpu:0"], checkpoint_every_s=1e9, max_restarts=0,
+                   warm=False))
     try:
         agent.start("s", Launch(["{python}", str(script), str(out)]), (0,))
         with pytest.raises(AssertionError, match="exited with status 7"):

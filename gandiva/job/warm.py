@@ -15,7 +15,8 @@ status. The child is a warm process: on ``Become`` (argv, environment, working d
 log file) on its socket, it takes on the job's environment and log and runs the script as
 ``__main__``; when the script ends, the interpreter exits as after ``python script.py``
 (exit status, traceback, ``atexit`` handlers), but with the script's process groups
-destroyed first (see ``wind_down``).
+destroyed first (see ``wind_down``). A job that starts cold runs through the same end:
+``python -m gandiva.job.warm --cold script.py ARGS`` (see ``cold``).
 
 Decisions: the zygote imports only, it computes nothing. PyTorch's CPU thread pools (OpenMP)
 are not safe to fork once started, and CUDA is never touched before the child has the job's
@@ -171,7 +172,19 @@ def wind_down() -> None:
               file=sys.stderr)
 
 
+def cold(argv: list[str]) -> None:
+    """``python -m gandiva.job.warm --cold script.py ARGS``: a cold start, a fresh
+    interpreter, that runs the script as ``python script.py ARGS`` does and ends as a warm
+    process does (``wind_down``)."""
+    sys.argv = argv
+    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+    run(argv[0])
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--cold"]:
+        cold(sys.argv[2:])
+        return
     sock = socket.socket(fileno=int(os.environ["GANDIVA_CONTROL_FD"]))
     preload()
     become(zygote(sock))

@@ -466,7 +466,8 @@ class Agent:
                 try:
                     with open(log_path, "ab") as log:
                         proc = subprocess.Popen(
-                            command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            _cold(command, self.python), cwd=cwd, env=env, stdout=log,
+                            stderr=subprocess.STDOUT,
                             pass_fds=(theirs.fileno(),), start_new_session=True)
                 except OSError as err:
                     ours.close()
@@ -759,6 +760,14 @@ class Agent:
         if not path.exists():
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _cold(command: list[str], python: str) -> list[str]:
+    """A cold start of a Python script goes through ``gandiva.job.warm --cold``, so it ends
+    as a warm one does (its process groups destroyed before the interpreter finalizes)."""
+    if len(command) > 1 and command[0] == python and command[1].endswith(".py"):
+        return [python, "-m", "gandiva.job.warm", "--cold", *command[1:]]
+    return command
 
 
 def _start_time(pid: int) -> str | None:
