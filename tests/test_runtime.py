@@ -476,21 +476,24 @@ def test_a_gang_whose_rank_hangs_after_the_others_ended_fails_within_the_grace(t
         agent.close()
 
 
+@pytest.mark.parametrize("devices", [(0,), (0, 1)], ids=["alone", "gang"])
 def test_a_suspend_during_an_evaluation_is_obeyed_there_and_a_checkpoint_waits_for_a_step(
-        agent, tmp_path):
+        agent, tmp_path, devices):
     out, script = tmp_path / "phase.txt", tmp_path / "evaluates.py"
-    script.write_text("import sys, time, torch\n"
+    script.write_text("import os, sys, time, torch\n"
                       "import gandiva.job as gj\n"
                       "job = gj.init()\n"
                       "job.register(model=torch.nn.Linear(2, 2))\n"
                       "for step in job.steps(40):\n"
-                      "    if step == 20:  # an evaluation of 300 batches, 3 s\n"
-                      "        open(sys.argv[1], 'w').write('evaluating')\n"
+                      "    if step == 20:  # an evaluation of 300 batches on every rank, 3 s\n"
+                      "        if job.rank == 0:\n"
+                      "            open(sys.argv[1], 'w').write('evaluating')\n"
                       "        for _ in range(300):\n"
                       "            time.sleep(0.01)\n"
-                      "            job.pause_point()\n"
-                      "        open(sys.argv[1], 'w').write('training')\n")
-    agent.start("e", Launch(["{python}", str(script), str(out)]), (0,))
+                      "            job.pause_point(collective=True)\n"
+                      "        if job.rank == 0:\n"
+                      "            open(sys.argv[1], 'w').write('training')\n")
+    agent.start("e", Launch(["{python}", str(script), str(out)]), devices)
     started(agent, "e")
     deadline = time.monotonic() + 60
     while not (out.exists() and out.read_text() == "evaluating"):
@@ -499,7 +502,7 @@ def test_a_suspend_during_an_evaluation_is_obeyed_there_and_a_checkpoint_waits_f
     agent.suspend("e")
     assert agent.jobs["e"].suspended and not agent.jobs["e"].signalled  # by the library
     assert out.read_text() == "evaluating"  # in the evaluation, not after it
-    agent.resume("e", (0,))
-    agent.restart("e", (0,))  # its checkpoint is taken at the step after the evaluation
+    agent.resume("e", devices)
+    agent.restart("e", devices)  # its checkpoint is taken at the step after the evaluation
     assert started(agent, "e").restored == 21
     wait_for(agent, "done", "e")

@@ -52,6 +52,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +121,8 @@ class Job:
             self._hello()  # (a gang's ranks say it once they have met: see ``distributed``)
         self._new_window(first=True)
         self._last_ckpt = time.monotonic()
-        self._agree_at = 0  # the step of the gang's next agreement
-        self._agreed = (0, time.perf_counter())  # the step and time of the last one
+        self._steps = _Cadence()  # when a gang's ranks agree at training boundaries...
+        self._pauses = _Cadence()  # ...and at the pause points of collective evaluations
 
     # ---- devices ------------------------------------------------------------------------
     def _use_device(self, name: str):
@@ -345,26 +346,37 @@ class Job:
         if self._deferred is not None:
             command, self._deferred = self._deferred, None
             return command
-        if self._pg is not None and self.step < self._agree_at:
+        self._steps.count = self.step
+        if self._pg is not None and self._steps.count < self._steps.at:
             return None  # a gang acts at agreed boundaries only (see AGREE_EVERY_S)
         command = self._poll()
         due = time.monotonic() - self._last_ckpt >= self.checkpoint_every_s
         if self._pg is not None:  # the ranks of a gang act at the same boundary
-            command, due = self._agree(command, due)
+            command, due = self._agree(command, due, self._steps)
         if command is None and due:
             command = wire.Checkpoint(periodic=True)
         return command
 
-    def pause_point(self) -> None:
+    def pause_point(self, collective: bool = False) -> None:
         """A point between training steps that is not a boundary (the end of an evaluation
-        batch): a one-process job obeys a suspend here at once, rather than after the whole
-        evaluation (or by signal, after the agent's wait). A checkpoint waits for the next
-        boundary, the one point whose state a restore can go on from. Gangs do nothing here:
-        their ranks agree on commands at training boundaries only, since an evaluation may
-        run on some ranks and not others."""
+        batch): the job obeys a suspend here at once, rather than after the whole evaluation
+        (or by signal, mid-collective, after the agent's wait). A checkpoint waits for the
+        next boundary, the one point whose state a restore can go on from. A gang's ranks
+        act at the same point, so they agree here as at boundaries: only where the caller
+        says every rank passes these points alike (``collective``: Lightning's and the HF
+        Trainer's evaluations, whose distributed samplers give each rank as many batches);
+        elsewhere a gang does nothing here, since an evaluation of a script's own may run
+        on some ranks only."""
         if self._pg is not None or self.world_size > 1:
-            return
-        command, suspended = self._poll(), False
+            if self._pg is None or not collective:
+                return
+            self._pauses.count += 1
+            if self._pauses.count < self._pauses.at:
+                return
+            command, _ = self._agree(self._poll(), False, self._pauses)
+        else:
+            command = self._poll()
+        suspended = False
         while command is not None:
             if isinstance(command, wire.Checkpoint):
                 if suspended:  # it came instead of a resume: the evaluation goes on first
@@ -486,13 +498,14 @@ class Job:
                 self._agent_gone()
             self._buf += chunk
 
-    def _agree(self, command: wire.Command | None, due: bool):
-        """All ranks act at the same boundary: if any rank has a command, all wait for theirs
-        (the agent sends it to every rank); if any rank's checkpoint is due, all take it."""
+    def _agree(self, command: wire.Command | None, due: bool, cadence: _Cadence):
+        """All ranks act at the same point: if any rank has a command, all wait for theirs
+        (the agent sends it to every rank); if any rank's checkpoint is due, all take it.
+        ``cadence``: the points counted (boundaries or pause points) and when to agree next."""
         import torch
 
-        step, then = self._agreed
-        per_step = (time.perf_counter() - then) / max(1, self.step - step)
+        per_step = ((time.perf_counter() - cadence.last_time)
+                    / max(1, cadence.count - cadence.last_count))
         every = max(1, min(AGREE_MAX_STEPS, int(AGREE_EVERY_S / max(per_step, 1e-9))))
         # one MAX all-reduce: any rank's command, any rank's checkpoint due, and the
         # smallest proposed interval to the next agreement (as the max of its negation)
@@ -501,8 +514,8 @@ class Job:
         pending, due, least = (int(v) for v in flag.tolist())
         if pending and command is None:
             command = self._wait()
-        self._agree_at = self.step + (1 if command is not None else -least)
-        self._agreed = (self.step, time.perf_counter())
+        cadence.at = cadence.count + (1 if command is not None else -least)
+        cadence.last_count, cadence.last_time = cadence.count, time.perf_counter()
         return command, bool(due)
 
     def exit(self) -> None:
@@ -583,6 +596,17 @@ class Job:
             own = nvml.utilization(uuid, since)
             return 1.0 if own is None else own  # unknown: counted busy, never packed on
         return min(1.0, cpu_s / (wall_s * self.threads)) if wall_s else 0.0
+
+
+@dataclass
+class _Cadence:
+    """When a gang's ranks next agree, counted in points every rank passes alike (training
+    boundaries, or pause points), so that every rank picks the same one."""
+
+    count: int = 0  # points passed
+    at: int = 0  # the point of the next agreement
+    last_count: int = 0  # the point of the last one...
+    last_time: float = field(default_factory=time.perf_counter)  # ...and when it was
 
 
 def _cpu_capable(backend: str) -> bool:

@@ -285,7 +285,7 @@ class GandivaCallback(TrainerCallback):
             self._defer(command)
 
     def on_prediction_step(self, args, state, control, **_: Any):
-        self.job.pause_point()  # an evaluation batch: a suspend need not wait for its end
+        self.job.pause_point(collective=True)  # an evaluation batch (as many on every rank)
 
     def _defer(self, command: wire.Checkpoint) -> None:
         """Write ``command``'s checkpoint at the next safe point (one write for several)."""

@@ -188,7 +188,7 @@ class _Steering:
 
     def on_validation_batch_end(self, trainer, pl_module, *_: Any, **__: Any) -> None:
         if self.active:  # a suspend need not wait for the validation's end
-            self.job.pause_point()
+            self.job.pause_point(collective=True)  # (every rank validates alike)
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self.active:
