@@ -128,9 +128,13 @@ def test_a_job_that_reads_its_device_every_step_moves_in_place_once_it_sees_the_
     started(gpu_agent, "ip")
     # its first process sees only its own GPU: the first move is a restart, after which it
     # sees the node's others after its own, and moves among them in place
-    for target in ((1,), (2,), (0,)):
+    gpu_agent.suspend("ip")
+    gpu_agent.resume("ip", (1,))
+    started(gpu_agent, "ip")
+    for target in ((2,), (0,)):
         time.sleep(0.2)
         gpu_agent.suspend("ip")
+        assert not gpu_agent.jobs["ip"].signalled
         gpu_agent.resume("ip", target)
     wait_for(gpu_agent, "done", "ip")
     starts = records(out, "start")
@@ -232,13 +236,15 @@ def test_a_gang_whose_suspended_ranks_still_hold_too_much_is_checkpointed_and_st
         agent.close()
 
 
-def test_suspended_jobs_on_one_gpu_keep_at_most_a_gigabyte_there_together(gpu_agent, tmp_path):
-    # three jobs packed on one stand-in GPU, each said to keep 0.3, 0.4 and 0.5 GB suspended:
-    # the third suspend takes them to 1.2 GB, so the one holding most stops instead
+def test_suspended_jobs_on_one_gpu_keep_at_most_half_its_headroom_there_together(
+        gpu_agent, tmp_path):
+    # three jobs packed on a stand-in GPU whose jobs may use 10 GB (its headroom: 1.1 GB),
+    # each said to keep 0.1, 0.2 and 0.3 GB suspended: the third suspend takes them past
+    # 0.56 GB, so the one holding most stops instead
     outs = {}
-    for jid, gb in (("a", "0.3"), ("b", "0.4"), ("c", "0.5")):
+    for jid, gb in (("a", "0.1"), ("b", "0.2"), ("c", "0.3")):
         outs[jid] = tmp_path / f"{jid}.jsonl"
-        gpu_agent.start(jid, Launch(["{python}", str(PROBE), str(outs[jid]), "300"],
+        gpu_agent.start(jid, Launch(["{python}", str(PROBE), str(outs[jid]), "100000"],
                                     env={"GANDIVA_CPU_BACKED_HELD_GB": gb}), (0,))
         started(gpu_agent, jid)
     for jid in "abc":
@@ -248,9 +254,40 @@ def test_suspended_jobs_on_one_gpu_keep_at_most_a_gigabyte_there_together(gpu_ag
     assert all(r.exit is None for j in "ab" for r in gpu_agent.jobs[j].ranks)  # kept
     for jid in "abc":
         gpu_agent.resume(jid, (0,))
-    done: set[str] = set()
-    while done != set("abc"):
-        ev = gpu_agent.events.get(timeout=120)
-        assert ev.kind != "failed", ev.data
-        done |= {ev.job_id} if ev.kind == "done" else set()
+    assert started(gpu_agent, "c").restored is not None  # started again, from its checkpoint
     assert [len(records(outs[j], "start")) for j in "abc"] == [1, 1, 2]
+    for jid in "abc":
+        gpu_agent.kill(jid)
+
+
+def test_a_cap_for_one_rank_of_a_gang_takes_no_part_in_its_agreement(gpu_agent, tmp_path):
+    # a one-GPU job packed on one of a gang's two GPUs: only that rank is capped, and the
+    # gang (whose ranks agree on commands) goes on to its end
+    gang, one = tmp_path / "g.jsonl", tmp_path / "o.jsonl"
+    gpu_agent.start("g", probe(gang, 400), (0, 1))
+    started(gpu_agent, "g")
+    gpu_agent.start("o", probe(one, 100_000), (0,))
+    until(lambda: records(one, "cap"))
+    wait_for(gpu_agent, "done", "g", timeout=120)
+    assert {r["step"] for r in records(gang, "end")} == {400}
+    gpu_agent.kill("o")
+
+
+def test_a_cap_that_comes_while_suspended_does_not_end_the_suspension(tmp_path):
+    import socket
+    import threading
+
+    from gandiva.job import Job, wire
+
+    ours, theirs = socket.socketpair()
+    job = Job({"GANDIVA_CONTROL_FD": str(theirs.fileno()), "GANDIVA_DEVICE": "cpu"})
+    ours.recv(4096)  # its hello
+    ours.sendall(wire.encode(wire.Suspend()) + wire.encode(wire.Limit(1.5)))
+    boundary = threading.Thread(target=job.boundary)
+    boundary.start()
+    until(lambda: b"suspended" in ours.recv(4096))
+    boundary.join(timeout=0.5)
+    assert boundary.is_alive()  # still suspended: the cap is no command
+    ours.sendall(wire.encode(wire.Resume("cpu")))
+    boundary.join(timeout=10)
+    assert not boundary.is_alive() and job.memory_cap_gb == 1.5

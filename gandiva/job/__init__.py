@@ -112,6 +112,7 @@ class Job:
         self.memory_cap_gb: float | None = None  # the agent's cap while packed (``limit``)
         self._peak_gb = 0.0
         self._deferred: wire.Checkpoint | None = None  # came at a pause point: see there
+        self._asleep = False  # suspended: the registered state is in host memory
         self.device = self._use_device(env.get("GANDIVA_DEVICE", "cpu"))
         self._pg: Any = None  # torch.distributed, once the gang's group exists
         self._control: Any = None  # the group ranks agree through (None: the default group)
@@ -376,14 +377,11 @@ class Job:
             command, _ = self._agree(self._poll(), False, self._pauses)
         else:
             command = self._poll()
-        suspended = False
         while command is not None:
             if isinstance(command, wire.Checkpoint):
-                if suspended:  # it came instead of a resume: the evaluation goes on first
-                    self._to(self.device)
+                self.wake()  # (it came instead of a resume): the evaluation goes on first
                 self._deferred = command
                 return
-            suspended = isinstance(command, wire.Suspend)
             command = self.obey(command)
 
     def obey(self, command: wire.Command) -> wire.Command | None:
@@ -404,6 +402,7 @@ class Job:
             self._flush_report(force=True)
             t0 = time.perf_counter()
             self._to("cpu")
+            self._asleep = True
             held = (nvml.held_gb() if self.device.type == "cuda"
                     else self._stand_in_held_gb if self._cpu_backed else 0.0)
             self._send(wire.Suspended(self.step, time.perf_counter() - t0, held))
@@ -411,15 +410,20 @@ class Job:
             if isinstance(command, wire.Resume):
                 t0 = time.perf_counter()
                 self.device = self._use_device(command.device)
-                self._to(self.device)
+                self.wake()
                 self._send(wire.Resumed(self.step, command.device, time.perf_counter() - t0))
                 self._new_window(first=True)
                 return None
             return command
-        if isinstance(command, wire.Limit):
-            self.limit(command.memory_gb)
-            return None
         raise ValueError(f"unknown command {command!r}")
+
+    def wake(self) -> None:
+        """Put the registered state back on the device after a suspend that ended in a
+        checkpoint the caller does not take at once (a framework that writes it at its next
+        safe point, after work that needs the model where it trains); else nothing."""
+        if self._asleep:
+            self._to(self.device)
+            self._asleep = False
 
     def limit(self, memory_gb: float | None) -> None:
         """Keep this process's caching allocator within ``memory_gb`` of its GPU (None: the
@@ -446,8 +450,15 @@ class Job:
             if isinstance(obj, torch.nn.Module):
                 obj.to(device)
         for obj in self.objects.values():
-            if isinstance(obj, torch.optim.Optimizer) and obj.state:
+            if not (isinstance(obj, torch.optim.Optimizer) and obj.state):
+                continue
+            if type(obj).state_dict is torch.optim.Optimizer.state_dict:
                 obj.load_state_dict(obj.state_dict())
+            else:  # its own state_dict (ZeroRedundancyOptimizer's needs every rank): by hand
+                for per_param in obj.state.values():
+                    for k, v in per_param.items():
+                        if torch.is_tensor(v) and k != "step":
+                            per_param[k] = v.to(device)
         if str(device).startswith("cpu"):
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
@@ -466,25 +477,32 @@ class Job:
         finally:
             self._sock.setblocking(False)
 
-    def _poll(self) -> dict[str, Any] | None:
+    def _poll(self) -> wire.Command | None:
+        """The agent's next command, if one has come. A memory cap (``Limit``) is this
+        process's own affair: it is applied as it is read and never returned, so that it
+        neither takes part in a gang's agreement nor ends a suspension."""
         if self._sock is None:
             return None
-        if b"\n" not in self._buf:
-            try:
-                chunk = self._sock.recv(65536)
-            except BlockingIOError:
+        while True:
+            if b"\n" not in self._buf:
+                try:
+                    chunk = self._sock.recv(65536)
+                except BlockingIOError:
+                    return None
+                except OSError:
+                    self._agent_gone()
+                if not chunk:
+                    self._agent_gone()
+                self._buf += chunk
+            if b"\n" not in self._buf:
                 return None
-            except OSError:
-                self._agent_gone()
-            if not chunk:
-                self._agent_gone()
-            self._buf += chunk
-        if b"\n" not in self._buf:
-            return None
-        line, self._buf = self._buf.split(b"\n", 1)
-        return wire.command(line)
+            line, self._buf = self._buf.split(b"\n", 1)
+            command = wire.command(line)
+            if not isinstance(command, wire.Limit):
+                return command
+            self.limit(command.memory_gb)
 
-    def _wait(self) -> dict[str, Any]:
+    def _wait(self) -> wire.Command:
         while True:
             command = self._poll()
             if command is not None:

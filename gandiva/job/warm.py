@@ -141,17 +141,18 @@ def run(path: str) -> None:
     except BaseException as err:  # noqa: BLE001 - printed and turned into a status below
         sys.excepthook(type(err), err, err.__traceback__)  # before atexit, as Python does
         code, interrupted = 1, isinstance(err, KeyboardInterrupt)
-    wind_down()
+    wind_down(destroy=code in (0, None))
     if interrupted:  # Python dies of SIGINT then
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     sys.exit(code)
 
 
-def wind_down() -> None:
+def wind_down(destroy: bool = True) -> None:
     """Do what interpreter shutdown does first (wait for the script's non-daemon threads,
     run its ``atexit`` handlers), then destroy its torch.distributed process groups, all
-    while every thread can still take the GIL.
+    while every thread can still take the GIL. Not after a failure (``destroy`` False): with
+    its peers gone, NCCL's destroy could wait on them, and the agent kills a failed gang.
 
     A script that never calls ``destroy_process_group`` leaves its groups to shutdown, where
     a group's destructor joins its worker threads, and those take the GIL to free what a
@@ -163,7 +164,7 @@ def wind_down() -> None:
     import atexit
 
     atexit._run_exitfuncs()  # runs and forgets them: shutdown will not run them again
-    dist = sys.modules.get("torch.distributed")
+    dist = sys.modules.get("torch.distributed") if destroy else None
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()

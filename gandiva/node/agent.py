@@ -49,15 +49,19 @@ from gandiva.node.zygote import Forked, Zygote, warm_compatible
 MAX_RESTARTS = 3  # torchrun's --max-restarts: enough for a transient fault, not a crash loop
 ACK_TIMEOUT_S = 60.0  # a suspend waits for the next mini-batch boundary at most this long
 GRACE_S = 10.0  # SIGTERM before SIGKILL, for scripts that save on SIGTERM
-# Once a rank of a gang has ended well, the others have this long to end too: the ranks of a
+# Once a gang's rank 0 has ended well, the others have this long to end too: the ranks of a
 # data-parallel job end together, up to a final save; past it, one is hung (in a collective,
 # or at exit) and the job would hold its devices for ever
 EXIT_GRACE_S = 60.0
-# What processes suspended by the library may keep of one GPU together (NVML's count); beyond
-# it, the one holding most is checkpointed and stopped instead, and started again where it is
-# resumed. A CUDA context with cuBLAS and cuDNN is 0.3-0.6 GB: two suspended jobs keep theirs,
-# and one that keeps more (NCCL communicators, compile pools, the script's own buffers) gives
-# it to the job placed next on its GPU, as do the suspended jobs of a tall GPU
+# What processes suspended by the library may keep of one GPU together (NVML's count): half
+# of the GPU's headroom (node.devices.HEADROOM), which no job's profile counts on (8 GB of
+# an 80 GB H100, 0.8 GB of a 16 GB V100), or HELD_MAX_GB where the agent is not told its
+# GPUs' memory. Beyond it, the one holding most is checkpointed and stopped instead, and
+# started again where it is resumed. A CUDA context with cuBLAS and cuDNN is 0.3-0.6 GB: the
+# suspended jobs of a GPU keep theirs and switch back in place, while one that keeps more
+# (NCCL communicators, compile pools, the script's own buffers) gives it to the job placed
+# next on its GPU
+HELD_SHARE_OF_HEADROOM = 0.5
 HELD_MAX_GB = 1.0
 LOG_TAIL_LINES = 20
 
@@ -274,9 +278,11 @@ class Agent:
         self._cap(old + devices)
 
     def _stop_holders(self, devices: tuple[int, ...]) -> list[str]:
-        """Keep what suspended processes hold of each of ``devices`` within HELD_MAX_GB:
-        checkpoint and stop those holding most until it is (gangs over several nodes stay:
-        they restart only whole). The jobs stopped."""
+        """Keep what suspended processes hold of each of ``devices`` within the budget (see
+        HELD_SHARE_OF_HEADROOM): checkpoint and stop those holding most until it is (gangs
+        over several nodes stay: they restart only whole). The jobs stopped."""
+        budget = (HELD_MAX_GB if self.memory_gb is None else
+                  self.memory_gb / (1 - gpus.HEADROOM) * gpus.HEADROOM * HELD_SHARE_OF_HEADROOM)
         stopped = []
         for d in set(devices):
             while True:
@@ -284,7 +290,7 @@ class Agent:
                     here = [j for j in self.jobs.values() if d in j.devices and j.suspended
                             and not (j.signalled or j.parked or j.stopping or j.gang)]
                 held = [(h, j) for j in here if (h := self.held_gb(j.id))]
-                if sum(h for h, _ in held) <= HELD_MAX_GB:
+                if sum(h for h, _ in held) <= budget:
                     break
                 most, job = max(held, key=lambda hj: hj[0])
                 self._log(job, f"suspended holding {most:.2f} GB of device memory: "
@@ -309,9 +315,10 @@ class Agent:
 
     def _cap(self, devices: tuple[int, ...]) -> None:
         """Divide each of ``devices`` among the running jobs on it: each gets the most it was
-        seen to hold and an even part of what is left (unprofiled jobs: even parts), so a
-        packed pair cannot take each other's memory; a job alone on its GPU is uncapped.
-        The job applies it at its next boundary (``Job.limit``)."""
+        seen to hold and an even part of what is left; while some are unprofiled, the others
+        keep their peaks and the unprofiled share the rest. So a packed pair cannot take
+        each other's memory, and no job is capped below what it holds; a job alone on its
+        GPU is uncapped. The job applies its cap as it reads it (``Job.limit``)."""
         if self.memory_gb is None:
             return
         with self._lock:
@@ -325,13 +332,15 @@ class Agent:
                            for job, r in ranks if job.suspended and not job.signalled)
                 memory = max(0.0, self.memory_gb - held)
                 peaks = [job.memory_gb for job, _ in here]
+                known = [p for p in peaks if p is not None]
+                rest = max(0.0, memory - sum(known))
                 if len(here) < 2:
                     caps = [memory if held else None] * len(here)
-                elif None in peaks:
-                    caps = [memory / len(here)] * len(here)
+                elif len(known) < len(peaks):
+                    share = rest / (len(peaks) - len(known))
+                    caps = [share if p is None else p for p in peaks]
                 else:
-                    spare = max(0.0, memory - sum(peaks)) / len(here)
-                    caps = [peak + spare for peak in peaks]
+                    caps = [p + rest / len(peaks) for p in known]
                 for (_, r), cap in zip(here, caps, strict=True):
                     if cap != r.cap_gb:
                         data = wire.encode(wire.Limit(cap))
@@ -673,12 +682,17 @@ class Agent:
                 if any(c not in (None, 0) for c in codes) or all(c is not None for c in codes):
                     self._crashed(job, codes)
                     continue
+                # the wait starts when the gang's rank 0 has ended (here, or on its node):
+                # other ranks may end first while rank 0 saves or evaluates at the end
+                if job.first == 0 and job.ranks[0].exit is None:
+                    continue
                 job.lingering_since = job.lingering_since or time.monotonic()
                 if time.monotonic() - job.lingering_since >= self.exit_grace_s:
                     self._lingered(job)
 
     def _lingered(self, job: _Job) -> None:
-        """Some ranks ended well and the others did not follow within the grace: kill them.
+        """Rank 0 (on a node without it: some rank) ended well and the others did not follow
+        within the grace: kill them.
         If each had said its training was over, they hung on the way out: the job is done;
         else it fails, naming them (a restart would hang again where they hang)."""
         late = [job.first + r.rank for r in job.ranks if r.exit is None]

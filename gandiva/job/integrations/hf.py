@@ -282,6 +282,7 @@ class GandivaCallback(TrainerCallback):
         while command is not None and not isinstance(command, wire.Checkpoint):
             command = self.job.obey(command)  # a suspend (waits here), or a stray resume
         if command is not None:
+            self.job.wake()  # (after a suspend): the step's evaluation and saves come first
             self._defer(command)
 
     def on_prediction_step(self, args, state, control, **_: Any):

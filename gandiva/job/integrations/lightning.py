@@ -170,7 +170,9 @@ class _Steering:
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.active and self.loaded is not None:
-            _set_rng(self.loaded["rng"], pl_module.device)  # the last draws before the step
+            # the last draws before the step (on the device the strategy trains on: the
+            # module's own says where it is now, the host while suspended)
+            _set_rng(self.loaded["rng"], trainer.strategy.root_device)
             self.loaded = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -208,7 +210,7 @@ class _Steering:
         writes rank 0's, so the ranks' are gathered here)."""
         if not self.active:
             return {}
-        device = self.trainer.lightning_module.device
+        device = self.trainer.strategy.root_device  # (the module is on the host if suspended)
         mine = {"rng": _rng(device), "epoch": self.trainer.current_epoch,
                 "orders": [s.order_rng if s else None for s in self.samplers]}
         return {"ranks": _gather(mine)}
