@@ -6,15 +6,16 @@
 # Lightning, pytorch_lightning and transformers are there too. Each check prints what it
 # measured (benchmarks/gpu_checks.py has one subcommand per check):
 #  held     what a suspended process still holds (NVML), for Lightning, HF (fused AdamW),
-#           1-rank NCCL DDP and a GradScaler + torch.compile job
+#           1-rank NCCL DDP and a GradScaler job with fused AdamW
 #  exact    interrupted (2 suspends, a restart) == alone, bit for bit: GradScaler with and
-#           without torch.compile, Lightning
+#           without torch.compile, both Lightning packages, HF (fused AdamW)
 #  zygote   no libcuda in the zygote before it forks; a warm job's thread count and GPU
 #  uuid     an agent under CUDA_VISIBLE_DEVICES=<UUID> passes the UUID on to its job
 #  pack     a memory-tight packed pair: caps, the one that grows past its cap fails alone
 #  memory   suspend gives 1 GB back to the driver, resume restores it
 #  nccl     a 1-rank NCCL job agreeing through its gloo group, suspended, resumed, restarted
-#  frameworks  Lightning (both packages) and HF examples time-sliced on the one GPU
+# (gpu_checks.py frameworks, Lightning and HF jobs time-sliced by the driver, runs apart:
+#  it does not fit the 8 minutes beside the rest)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu-out}"
@@ -44,13 +45,12 @@ check() {  # check NAME SECONDS: one subcommand of gpu_checks.py, its output kep
     local rc=${PIPESTATUS[0]}
     [ "$rc" = 0 ] || { failed=$((failed + 1)); echo "=== $1 FAILED (exit $rc)"; }
 }
-check held 80
-check exact 150
+check held 90
+check exact 200
 check zygote 30
 check uuid 30
 check pack 60
 check memory 30
 check nccl 40
-check frameworks 60
 echo; echo "=== $failed check(s) failed"
 exit "$failed"
