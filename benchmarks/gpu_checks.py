@@ -77,7 +77,7 @@ def nccl() -> None:
         try:
             agent.start("n", Launch(["torchrun", "--nproc-per-node=1", str(EXAMPLES / "ddp.py"),
                                      "--steps", "4000", "--backend", "nccl"]), (0,))
-            wait(agent, "n", "started")
+            next_event(agent, "n", "started", 300)
             for _ in range(3):
                 time.sleep(0.5)
                 t0 = time.perf_counter()
@@ -86,8 +86,8 @@ def nccl() -> None:
                 agent.resume("n", (0,))
                 print(f"suspend+resume through the library: {time.perf_counter() - t0:.3f} s")
             agent.restart("n", (0,))
-            wait(agent, "n", "started")
-            wait(agent, "n", "done")
+            next_event(agent, "n", "started", 300)
+            next_event(agent, "n", "done", 300)
             log = (agent.job_dir("n") / "rank0.log").read_text()
             print(log[-600:])
             assert "done: 4000 steps on 1 ranks" in log and "restored from checkpoint" in log
@@ -95,21 +95,6 @@ def nccl() -> None:
                   "resumed and restarted, and finished")
         finally:
             agent.close()
-
-
-def wait(agent, job: str, kind: str, timeout: float = 300.0) -> list:
-    deadline, seen = time.monotonic() + timeout, []
-    while time.monotonic() < deadline:
-        try:
-            ev = agent.events.get(timeout=0.2)
-        except Exception:
-            continue
-        seen.append(ev.kind)
-        if ev.job_id == job and ev.kind == "failed":
-            raise AssertionError(ev.data["reason"])
-        if ev.job_id == job and ev.kind == kind:
-            return seen
-    raise AssertionError(f"no {kind} from {job} in {timeout} s")
 
 
 def frameworks() -> None:

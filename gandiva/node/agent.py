@@ -308,10 +308,8 @@ class Agent:
         job = self._job(job_id)
         if job is None:
             return None
-        held = [job.replies.get(f"suspended:{r.rank}") for r in job.ranks]
-        if not held or any(h is None or h.held_gb is None for h in held):
-            return None
-        return max(h.held_gb for h in held)
+        held = [_held(job, r) for r in job.ranks]
+        return None if not held or None in held else max(held)
 
     def _cap(self, devices: tuple[int, ...]) -> None:
         """Divide each of ``devices`` among the running jobs on it: each gets the most it was
@@ -328,7 +326,7 @@ class Agent:
                 # a job stopped by signal keeps all it had; one suspended by the library,
                 # what it reported
                 here = [(job, r) for job, r in ranks if job.signalled or not job.suspended]
-                held = sum(getattr(job.replies.get(f"suspended:{r.rank}"), "held_gb", 0) or 0
+                held = sum(_held(job, r) or 0.0
                            for job, r in ranks if job.suspended and not job.signalled)
                 memory = max(0.0, self.memory_gb - held)
                 peaks = [job.memory_gb for job, _ in here]
@@ -774,6 +772,12 @@ class Agent:
         if not path.exists():
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _held(job: _Job, r: _Rank) -> float | None:
+    """What rank ``r`` said it still held when last suspended by the library, if known."""
+    reply = job.replies.get(f"suspended:{r.rank}")
+    return reply.held_gb if reply is not None else None
 
 
 def _cold(command: list[str], python: str) -> list[str]:
