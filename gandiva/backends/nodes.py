@@ -8,19 +8,46 @@
 Every action may block (a suspend waits for the job's next mini-batch boundary) until done, or
 return at once a ``Future`` that completes when it is done (hollow nodes); the backend calls
 them off its loop, one job's actions in order (``courier``). What happens on its own (a
-job's profile, its end, a node lost or joined) arrives on ``events``.
+job's profile, its end, a node lost or joined) arrives on ``events``. The messages that cross
+this interface (``Launch``, ``AgentEvent``) are declared here, by the interface, not by one of
+its implementations.
 """
 
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Collection
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from gandiva.node.agent import AgentEvent, Launch
-from gandiva.state import Cluster
+if TYPE_CHECKING:
+    from gandiva.state import Cluster
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to run a job: the body's part of a job spec (the policy never sees it)."""
+
+    command: list[str]
+    cwd: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class AgentEvent:
+    """What a node reports: ``started``, ``profile``, ``suspended`` (with the device
+    memory its processes still hold, ``held_gb``, None if unknown), ``done``, ``failed``,
+    ``restarted``, ``node-lost``, ``node-joined``; and ``crashed`` for a part of a gang (see
+    ``gandiva.node.agent.Gang``). ``data``: the job's own report for ``started`` and
+    ``profile`` (``wire.Started``, ``wire.Profile``), else a dict."""
+
+    kind: str
+    job_id: str
+    data: Any = field(default_factory=dict)
+    time: float = field(default_factory=time.monotonic)
 
 
 class Nodes(Protocol):

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gandiva.backends.nodes import AgentEvent, Launch
 from gandiva.job import wire
 from gandiva.node import devices as gpus
 from gandiva.node import torchrun
@@ -67,15 +68,6 @@ LOG_TAIL_LINES = 20
 
 
 @dataclass(frozen=True)
-class Launch:
-    """How to run a job: the body's part of a job spec (the policy never sees it)."""
-
-    command: list[str]
-    cwd: Path | None = None
-    env: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
 class Gang:
     """This node's part of a gang spread over several nodes: ranks ``first`` to
     ``first + len(devices) - 1`` of ``world``, meeting at rank 0's node (torchrun's
@@ -89,20 +81,6 @@ class Gang:
     run: int = 0  # which start of the gang: its parts' end events carry it
     node: int = 0  # this part's place among the gang's nodes (torchrun's GROUP_RANK)
     nodes: int = 1  # how many nodes the gang spans (GROUP_WORLD_SIZE)
-
-
-@dataclass
-class AgentEvent:
-    """What the agent reports: ``started``, ``profile``, ``suspended`` (with the device
-    memory its processes still hold, ``held_gb``, None if unknown), ``done``, ``failed``,
-    ``restarted``; and ``crashed`` for a part of a gang (see ``Gang``). ``data``: the job's
-    own report for ``started`` and ``profile`` (``wire.Started``, ``wire.Profile``), else a
-    dict."""
-
-    kind: str
-    job_id: str
-    data: Any = field(default_factory=dict)
-    time: float = field(default_factory=time.monotonic)
 
 
 @dataclass
