@@ -4,7 +4,6 @@ order where they share a job or a device."""
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import CancelledError, Future
 
 from gandiva.backends.courier import Courier
@@ -13,24 +12,24 @@ from gandiva.backends.courier import Courier
 def test_tasks_on_a_shared_key_keep_their_order_and_others_run_meanwhile():
     log: list[str] = []
     ended: list[tuple[str, BaseException | None]] = []
-    gate = threading.Event()
+    gate, c_ran = threading.Event(), threading.Event()
     courier = Courier(lambda task, s, e: ended.append((task.what, e)), workers=4)
 
-    def step(name: str, wait: threading.Event | None = None):
+    def step(name: str, wait: threading.Event | None = None, then: threading.Event | None = None):
         def run() -> None:
             if wait is not None:
                 assert wait.wait(10)
             log.append(name)
+            if then is not None:
+                then.set()
         return run
 
     courier.send("suspend a", step("suspend a", gate), [("job", "a"), ("device", 0)])
     courier.send("resume b on 0", step("resume b on 0"), [("job", "b"), ("device", 0)])
     courier.send("resume a on 1", step("resume a on 1"), [("job", "a"), ("device", 1)])
-    courier.send("start c on 2", step("start c on 2"), [("job", "c"), ("device", 2)])
-    deadline = time.monotonic() + 10
-    while "start c on 2" not in log:  # shares nothing with the stalled suspend
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    courier.send("start c on 2", step("start c on 2", then=c_ran),
+                 [("job", "c"), ("device", 2)])
+    assert c_ran.wait(10)  # it shares nothing with the stalled suspend
     assert log == ["start c on 2"] and courier.pending() == 3
     gate.set()
     assert courier.wait(10)
@@ -59,10 +58,12 @@ def test_a_task_that_answers_with_a_future_frees_its_thread_and_ends_when_the_fu
     ended: list[tuple[str, BaseException | None]] = []
     courier = Courier(lambda task, s, e: ended.append((task.what, e)), workers=1)
     futures: dict[str, Future] = {}
+    under_way = threading.Semaphore(0)  # released by each task as it answers
 
     def answer_later(name: str):
         def run() -> Future:
             futures[name] = Future()
+            under_way.release()
             return futures[name]
         return run
 
@@ -70,10 +71,7 @@ def test_a_task_that_answers_with_a_future_frees_its_thread_and_ends_when_the_fu
     for name in ("a", "b", "c"):
         courier.send(name, answer_later(name), [("job", name)])
     courier.send("a again", lambda: None, [("job", "a")])
-    deadline = time.monotonic() + 10
-    while len(futures) < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    assert all(under_way.acquire(timeout=10) for _ in range(3))
     assert ended == [] and courier.pending() == 4  # "a again" waits for a's future
     futures["b"].set_result(None)
     futures["a"].set_exception(RuntimeError("no room"))

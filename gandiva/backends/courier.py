@@ -21,10 +21,11 @@ after it on the same keys wait for it, as they must: their devices are not free 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+from gandiva.backends.clock import Clock, WallClock
 
 
 @dataclass(eq=False)
@@ -32,20 +33,22 @@ class Task:
     what: object  # what the caller wants back when the task ends (e.g. the action)
     run: Callable[[], Future | None]
     keys: frozenset[Hashable]
+    sent: float  # on the courier's clock
     waits: int = 0  # earlier tasks on the same keys still unfinished
     then: list[Task] = field(default_factory=list)  # later tasks waiting for this one
-    sent: float = field(default_factory=time.monotonic)
     started: float | None = None
     ended: bool = False
 
 
 class Courier:
     """Runs tasks on ``workers`` threads; ``done(task, seconds, error)`` is called from the
-    worker as each ends (``seconds``: from its start; ``error``: None or the exception)."""
+    worker as each ends (``seconds``: from its start, on ``clock``; ``error``: None or the
+    exception)."""
 
     def __init__(self, done: Callable[[Task, float, BaseException | None], None],
-                 workers: int = 16) -> None:
+                 workers: int = 16, clock: Clock | None = None) -> None:
         self._done = done
+        self.clock = clock or WallClock()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gandiva-act")
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -54,7 +57,7 @@ class Courier:
 
     def send(self, what: object, run: Callable[[], Future | None], keys: Iterable[Hashable]
              ) -> Task:
-        task = Task(what, run, frozenset(keys))
+        task = Task(what, run, frozenset(keys), self.clock.now())
         with self._lock:
             self._open += 1
             for before in {self._last[k] for k in task.keys if k in self._last}:
@@ -68,7 +71,7 @@ class Courier:
         return task
 
     def _run(self, task: Task) -> None:
-        task.started = time.monotonic()
+        task.started = self.clock.now()
         try:
             later = task.run()
         except BaseException as e:  # noqa: BLE001 - reported to the loop, never lost
@@ -81,7 +84,7 @@ class Courier:
             self._end(task, None)
 
     def _end(self, task: Task, error: BaseException | None) -> None:
-        seconds = time.monotonic() - (task.started or task.sent)
+        seconds = self.clock.now() - (task.started or task.sent)
         task.ended = True
         try:
             self._done(task, seconds, error)
@@ -113,15 +116,10 @@ class Courier:
             return self._open
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait until every task sent has ended; False if ``timeout`` passed first."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        """Wait until every task sent has ended; False if ``timeout`` (seconds of wall time:
+        a bound on how long a caller is held up) passed first."""
         with self._lock:
-            while self._open:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._idle.wait(left)
-        return True
+            return self._idle.wait_for(lambda: self._open == 0, timeout)
 
     def close(self, timeout: float | None = None) -> None:
         self.wait(timeout)

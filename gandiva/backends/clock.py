@@ -1,0 +1,115 @@
+"""The time a backend runs on: the wall clock, or a virtual one that tests move.
+
+A backend's threads read the time (``now``) and wait for their next message or their next
+deadline, whichever comes first (``get``): the loop for the nodes' events, hollow nodes for
+their timers. On the ``WallClock`` that is ``queue.get`` with a timeout. On a
+``VirtualClock`` time stands still until a test moves it (``advance``, or ``run_until``,
+which moves it to the next deadline whenever every thread that waits on it has nothing to
+do), so tests of the loop and of hollow nodes take no wall time and sleep nowhere.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+INF = float("inf")
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Seconds, on a clock that never goes back."""
+
+    def get(self, q: queue.Queue | queue.SimpleQueue, until: float) -> Any:
+        """The next item of ``q``, waiting until the clock reads ``until`` at most (then
+        ``queue.Empty``; ``INF``: no limit)."""
+
+
+class WallClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+    def get(self, q: queue.Queue | queue.SimpleQueue, until: float) -> Any:
+        return q.get(timeout=None if until == INF else max(0.0, until - time.monotonic()))
+
+
+class _Due:
+    """Put on a waiter's queue when its deadline has come (never seen by the caller)."""
+
+
+class VirtualClock:
+    """Time that moves only when a test moves it."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = start
+        self._changed = threading.Condition()
+        self._waiting: dict[_Due, tuple[float, queue.Queue | queue.SimpleQueue]] = {}
+
+    def now(self) -> float:
+        with self._changed:
+            return self._now
+
+    def get(self, q: queue.Queue | queue.SimpleQueue, until: float) -> Any:
+        due = _Due()
+        with self._changed:
+            if until <= self._now:  # no wait: what is there, or nothing
+                while True:
+                    item = q.get_nowait()  # (queue.Empty when nothing is)
+                    if not isinstance(item, _Due):
+                        return item
+            self._waiting[due] = (until, q)
+            self._changed.notify_all()
+        try:
+            while True:
+                item = q.get()
+                if item is due:
+                    raise queue.Empty
+                if not isinstance(item, _Due):  # (a deadline that came as it got an item)
+                    return item
+        finally:
+            with self._changed:
+                self._waiting.pop(due, None)
+                self._changed.notify_all()
+
+    def advance(self, to: float | None = None) -> float:
+        """Move the clock to ``to`` (None: the earliest deadline anyone waits for) and wake
+        whoever waits for a deadline that has come; the time it reads now."""
+        with self._changed:
+            if to is None:
+                to = min((until for until, _ in self._waiting.values()), default=self._now)
+            if to != INF:
+                self._now = max(self._now, to)
+            for due, (until, q) in list(self._waiting.items()):
+                if until <= self._now:
+                    del self._waiting[due]
+                    q.put(due)
+            return self._now
+
+    def idle(self, waiters: int) -> bool:
+        """Whether at least ``waiters`` threads wait on this clock, all with nothing to do."""
+        with self._changed:
+            return self._idle(waiters)
+
+    def _idle(self, waiters: int) -> bool:
+        return len(self._waiting) >= waiters and all(q.empty() for _, q in
+                                                     self._waiting.values())
+
+    def run_until(self, done: Callable[[], bool], waiters: int = 1, limit: float = 3600.0,
+                  wall_s: float = 60.0) -> None:
+        """Move time on, from one deadline to the next, each time ``waiters`` threads wait
+        with nothing to do, until ``done()``. ``limit``: the most seconds it moves;
+        ``wall_s``: the most seconds of wall time this may take (``TimeoutError`` after)."""
+        stop_at, give_up = self.now() + limit, time.monotonic() + wall_s
+        while not done():
+            if time.monotonic() > give_up:
+                raise TimeoutError(f"not done after {wall_s:g} s of wall time, at t={self.now()}")
+            with self._changed:  # (woken as waiters come and go; looks at done() again)
+                if not self._changed.wait_for(lambda: self._idle(waiters), timeout=0.05):
+                    continue
+                to = min(stop_at, *(until for until, _ in self._waiting.values()))
+            if self.now() >= stop_at:
+                raise TimeoutError(f"not done after {limit:g} s of virtual time")
+            self.advance(to)
