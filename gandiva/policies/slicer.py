@@ -1,0 +1,226 @@
+"""``slicer``: round robin, a ``quantum`` a turn; the smallest time-slicing policy.
+
+Jobs take free GPUs first come, first served (``best_fit``: a gang whole, over whole servers
+where it spans them). While jobs wait, each running job yields once it has had a ``quantum``
+of turn: the jobs that run next are the running ones still within their turn, then the
+waiting ones in the order they began to wait, then the running ones with the newest turn,
+as many as the GPUs hold; the others are suspended and join the back of the line.
+
+Two optional mechanisms, off by default:
+
+- ``pack``: a waiting job runs on the GPUs of a job as wide that runs alone, once both have
+  reported their memory and they fit together; a packed pair runs until one of them ends.
+- ``grow``: an elastic job widens into idle GPUs of its server once it has run a quantum and
+  nothing waits; a job that then waits narrows it back to the width it asked for, at once.
+
+Priorities, affinity, migration: none. This is the runtime's test policy (what the backends
+are asked to do follows from these lines, whatever the gandiva policy's tuning) and the
+smallest example of a policy that suspends, resumes, packs and resizes. Specs: ``slicer``,
+``slicer:quantum=1``, ``slicer:quantum=3:pack``, ``slicer:grow:quantum=1``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from gandiva import actions as A
+from gandiva import events as E
+from gandiva.policies.placement import best_fit, pick_in_server
+from gandiva.state import Cluster, Job, JobStatus
+
+
+@dataclass
+class Book:
+    """The servers each started job takes its turns on: what the cluster view and a job's
+    explanation read (``backends.explain``), as they read the gandiva policy's."""
+
+    size: list[int] = field(default_factory=list)  # per server: its GPUs
+    demand: list[int] = field(default_factory=list)  # per server: GPUs its jobs ask for there
+    home: dict[str, tuple[int, ...]] = field(default_factory=dict)  # job -> its servers
+    share: dict[str, dict[int, int]] = field(default_factory=dict)  # job -> server -> GPUs
+    changes: int = 0  # counts changes, so that a reader copies only what changed
+    moved: set[str] | None = None  # jobs whose home changed, for a reader that sets it
+
+    def height(self, server: int) -> float:
+        """Demand over capacity: above 1 the server is over-subscribed (the paper's word)."""
+        return self.demand[server] / self.size[server]
+
+    def add_servers(self, cluster: Cluster) -> None:
+        for node in cluster.nodes[len(self.size):]:
+            self.size.append(node.size)
+            self.demand.append(0)
+            self.changes += 1
+
+    def assign(self, cluster: Cluster, job: Job) -> None:
+        """The job's home is where it runs now."""
+        self.release(job.id)
+        share: dict[int, int] = {}
+        for g in job.gpus:
+            node = cluster.gpus[g].node
+            share[node] = share.get(node, 0) + 1
+        for node, count in share.items():
+            self.demand[node] += count
+        self.share[job.id], self.home[job.id] = share, tuple(sorted(share))
+        self._moved(job.id)
+
+    def release(self, job_id: str) -> None:
+        for node, count in self.share.pop(job_id, {}).items():
+            self.demand[node] -= count
+        if self.home.pop(job_id, None) is not None:
+            self._moved(job_id)
+
+    def _moved(self, job_id: str) -> None:
+        self.changes += 1
+        if self.moved is not None:
+            self.moved.add(job_id)
+
+
+@dataclass
+class Slicer:
+    quantum: float = 60.0  # seconds of turn before a running job yields to waiting ones
+    pack: bool = False
+    grow: bool = False
+    name: str = "slicer"
+    spec: str = "slicer"
+    rng: random.Random = field(default_factory=random.Random, repr=False)
+    book: Book = field(default_factory=Book, init=False, repr=False)
+    # job -> when it last began to run or to wait (its place in the line, its turn's start)
+    _since: dict[str, float] = field(default_factory=dict, repr=False)
+    _wake: float = -1.0
+
+    def decide(self, event: E.Event, cluster: Cluster) -> Iterator[A.Action]:
+        if isinstance(event, E.ProfileSample) and not self.pack:
+            return  # (only packing waits for a job's memory)
+        self._observe(event, cluster)
+        yield from self._shrink(cluster)
+        if self.pack:
+            yield from self._pack(cluster)
+        yield from self._rotate(cluster)
+        if self.grow:
+            yield from self._grow(cluster)
+        wake = self._next_turn_end(cluster)
+        if wake is not None and wake != self._wake:
+            self._wake = wake
+            yield A.Wake(wake)
+
+    # ---- bookkeeping ----------------------------------------------------------------------
+    def _observe(self, event: E.Event, cluster: Cluster) -> None:
+        self.book.add_servers(cluster)
+        if isinstance(event, E.Arrival):
+            self._since[event.job.id] = event.time
+        elif isinstance(event, E.Departure):
+            self._since.pop(event.job_id, None)
+            self.book.release(event.job_id)
+        elif isinstance(event, E.Failure):  # its jobs are queued again, to start afresh
+            for jid, servers in list(self.book.home.items()):
+                if event.node in servers:
+                    self.book.release(jid)
+                    if cluster.jobs[jid].status is JobStatus.QUEUED:
+                        self._since[jid] = event.time
+
+    def _began(self, job: Job, cluster: Cluster) -> None:
+        """The job began to run (or to wait, if it holds no GPU) now."""
+        self._since[job.id] = cluster.now
+        if job.gpus:
+            self.book.assign(cluster, job)
+
+    def _line(self, cluster: Cluster) -> list[Job]:
+        """Waiting jobs, longest-waiting first."""
+        waiting = [*cluster.suspended, *(jid for _, _, jid in cluster.queue)]
+        jobs = [cluster.jobs[j] for j in waiting]
+        return sorted(jobs, key=lambda j: (self._since[j.id], j.seq))
+
+    def _alone(self, cluster: Cluster) -> list[Job]:
+        """Running jobs that share no GPU (packed pairs are left to run)."""
+        jobs = (cluster.jobs[j] for j in cluster.running)
+        return [j for j in jobs if all(len(cluster.gpus[g].jobs) == 1 for g in j.gpus)]
+
+    def _in_turn(self, job: Job, now: float) -> bool:
+        return now - self._since[job.id] < self.quantum
+
+    # ---- decisions ------------------------------------------------------------------------
+    def _rotate(self, cluster: Cluster) -> Iterator[A.Action]:
+        """Choose who runs until the next turn ends; suspend the others, start the chosen."""
+        line = self._line(cluster)
+        if not line:
+            return
+        now, running = cluster.now, self._alone(cluster)
+        in_turn = [j for j in running if self._in_turn(j, now)]
+        done = sorted((j for j in running if not self._in_turn(j, now)),
+                      key=lambda j: (-self._since[j.id], -j.seq))  # newest turn first
+        capacity = cluster.free_count() + sum(len(j.gpus) for j in running)
+        chosen: list[Job] = []
+        for job in [*in_turn, *line, *done]:
+            width = len(job.gpus) or job.num_gpus
+            if width <= capacity:
+                chosen.append(job)
+                capacity -= width
+        keep = {j.id for j in chosen}
+        for job in done:
+            if job.id not in keep:
+                yield A.Suspend(job.id)
+                self._began(job, cluster)
+        for job in chosen:
+            if job.status is JobStatus.RUNNING:
+                continue
+            gpus = best_fit(cluster, job.num_gpus)
+            assert gpus is not None, "chosen by GPU count, so the freed GPUs hold it"
+            if job.status is JobStatus.SUSPENDED:
+                yield A.Resume(job.id, gpus)
+            else:
+                yield A.Place(job.id, gpus)
+            self._began(job, cluster)
+
+    def _pack(self, cluster: Cluster) -> Iterator[A.Action]:
+        for job in self._line(cluster):
+            if job.memory_gb is None:
+                continue
+            host = next((r for r in self._alone(cluster) if self._fits(cluster, job, r)), None)
+            if host is not None:
+                yield A.Pack(job.id, host.gpus)
+                self._began(job, cluster)
+
+    @staticmethod
+    def _fits(cluster: Cluster, job: Job, host: Job) -> bool:
+        return (host.memory_gb is not None and len(host.gpus) == job.num_gpus
+                and all(job.memory_gb + host.memory_gb <= cluster.gpus[g].memory_gb
+                        for g in host.gpus))
+
+    def _shrink(self, cluster: Cluster) -> Iterator[A.Action]:
+        """A job waits: grown jobs give back what they did not ask for."""
+        if not cluster.queue and not cluster.suspended:
+            return
+        for job in self._alone(cluster):
+            if len(job.gpus) > job.num_gpus:
+                yield A.Shrink(job.id, job.gpus[:job.num_gpus])
+                self._began(job, cluster)
+
+    def _grow(self, cluster: Cluster) -> Iterator[A.Action]:
+        """Nothing waits: elastic jobs a quantum into their turn widen into their server's
+        idle GPUs."""
+        if cluster.queue or cluster.suspended:
+            return
+        for job in self._alone(cluster):
+            top = job.spec.max_gpus or job.num_gpus
+            node = cluster.gpus[job.gpus[0]].node
+            extra = min(top - len(job.gpus), len(cluster.free_gpus(node)))
+            if job.spec.elastic and extra > 0 and not self._in_turn(job, cluster.now):
+                more = pick_in_server(cluster, node, extra)
+                yield A.Grow(job.id, (*job.gpus, *more))
+                self._began(job, cluster)
+
+    def _next_turn_end(self, cluster: Cluster) -> float | None:
+        """When the earliest running turn ends, if anything may change then: a job waits,
+        or (``grow``) a job could widen into idle GPUs."""
+        running = self._alone(cluster)
+        if not (cluster.queue or cluster.suspended) and not (
+                self.grow and cluster.free_count() and any(j.spec.elastic for j in running)):
+            return None
+        ends = [self._since[j.id] + self.quantum for j in running
+                if self._in_turn(j, cluster.now)]
+        return min(ends, default=None)
+
+
+POLICY = Slicer
