@@ -174,7 +174,8 @@ LRS = [0.00001, 0.05, 0.0001, 0.1]  # two that learn, two that barely move
 
 class Up:
     """A server's parts in this process (store, loop, API) over ``home``; ``crash`` stops
-    the loop as a dying server does (the jobs' processes end; no drain)."""
+    the loop as a dying server does (the jobs' processes end; no drain), what was queued for
+    the store stored first so that the next ``Up`` over ``home`` finds it."""
 
     def __init__(self, home: Path) -> None:
         from fastapi.testclient import TestClient
@@ -196,6 +197,19 @@ class Up:
     def crash(self) -> None:
         self.backend.stop()
         self.loop.join(timeout=60)
+        self.service.close(timeout=30)
+
+    def wait(self, get, ok, timeout=240):
+        """``get()``, once ``ok`` holds of it: looked at again whenever the store is handed
+        or takes a write (what the tests ask of the API comes from the store)."""
+        last = []
+
+        def holds() -> bool:
+            last[:] = [get()]
+            return ok(last[0])
+
+        assert self.service.writer.wait(holds, timeout), f"still {last[0]!r} after {timeout} s"
+        return last[0]
 
 
 @pytest.fixture
@@ -217,14 +231,6 @@ def sweep_spec(steps: int, rungs: list[int], **extra) -> dict:
             "stop": {"rule": "asha", "rungs": rungs, "reduction": 2}, **extra}
 
 
-def wait(get, ok, timeout=240):
-    deadline = time.monotonic() + timeout
-    while not ok(value := get()):
-        assert time.monotonic() < deadline, f"still {value!r} after {timeout} s"
-        time.sleep(0.3)
-    return value
-
-
 def test_a_jobs_reported_values_are_served_as_curves_and_followed_from_a_step(home):
     path, auth = home
     up = Up(path)
@@ -233,9 +239,9 @@ def test_a_jobs_reported_values_are_served_as_curves_and_followed_from_a_step(ho
         r = c.post("/v1/jobs", json={"name": "one", "command": "python cnn.py --steps 150"},
                    headers=auth)
         job = r.json()["id"]
-        wait(lambda: c.get(f"/v1/jobs/{job}", headers=auth).json()["state"],
+        up.wait(lambda: c.get(f"/v1/jobs/{job}", headers=auth).json()["state"],
              lambda s: s in TERMINAL)
-        wait(lambda: c.get(f"/v1/jobs/{job}/metrics", headers=auth).json()["series"],
+        up.wait(lambda: c.get(f"/v1/jobs/{job}/metrics", headers=auth).json()["series"],
              lambda s: s.get("loss", [[0]])[-1][0] == 150, timeout=10)
         series = c.get(f"/v1/jobs/{job}/metrics", headers=auth).json()["series"]
         assert set(series) == {"loss", "accuracy"}  # cnn.py reports both
@@ -248,7 +254,7 @@ def test_a_jobs_reported_values_are_served_as_curves_and_followed_from_a_step(ho
         # a step beyond the column's range is left out, not a batch the database refuses
         # (PostgreSQL's INTEGER), and cannot be asked for
         up.backend.on_points(up.backend.records[job], {"loss": [[2**31, 0.5], [151, 0.25]]})
-        after = wait(lambda: c.get(f"/v1/jobs/{job}/metrics?after=150",
+        after = up.wait(lambda: c.get(f"/v1/jobs/{job}/metrics?after=150",
                                    headers=auth).json()["series"], bool, timeout=10)
         assert [[s, v] for s, v, _ in after["loss"]] == [[151, 0.25]]
         r = c.get(f"/v1/jobs/{job}/metrics?after={2**31}", headers=auth)
@@ -278,8 +284,10 @@ class Sleeping:
         self.id, self.jobs = r.json()["id"], [t["job_id"] for t in r.json()["trials"]]
 
     def report(self, trial: int, loss: float, step: int = 10) -> None:
+        """As the loop would; then what the sweep decided is stored."""
         self.up.backend.on_points(self.up.backend.records[self.jobs[trial]],
                                   {"loss": [[step, loss]]})
+        assert self.up.service.flush(timeout=30)
 
     def get(self, path: str):
         return self.c.get(path, headers=self.auth).json()
@@ -342,17 +350,17 @@ def test_an_outranked_trial_is_paused_promoted_when_later_values_put_it_on_top_t
         s.report(0, 1.0)  # alone at the rung: continued
         s.report(1, 2.0)  # #2 of 2, the top 1 goes on: paused; trial 0, judged again
         assert [t["decision"] for t in s.trials()][:2] == ["promoted", "paused"]
-        wait(lambda: state(1), lambda st: st == "held")  # its device is free
+        s.up.wait(lambda: state(1), lambda st: st == "held")  # its device is free
         s.report(2, 3.0)  # #3 of 3: paused
         s.report(3, 4.0)  # #4 of 4: paused; and now the top 2 of 4 includes trial 1
         assert [t["decision"] for t in s.trials()] == \
             ["promoted", "promoted", "paused", "paused"]
-        wait(lambda: state(1), lambda st: st in ("queued", "running"))  # back from its hold
+        s.up.wait(lambda: state(1), lambda st: st in ("queued", "running"))  # back from its hold
         assert "sweep-unpaused" in s.kinds(1)
         assert state(2) != "cancelled"  # not while trials 0 and 1 may still put it on
         for j in s.jobs[:2]:
             assert s.c.post(f"/v1/jobs/{j}/cancel", headers=s.auth).status_code == 200
-        done = wait(s.trials, lambda ts: all(t["state"] in TERMINAL for t in ts))
+        done = s.up.wait(s.trials, lambda ts: all(t["state"] in TERMINAL for t in ts))
         assert [t["decision"] for t in done][2:] == ["stopped", "stopped"]
         assert done[2]["state"] == "cancelled"
         assert "rung 10: loss 3, #3 of 4 (not in the top 2 of 4)" in done[2]["reason"]
@@ -390,7 +398,7 @@ def test_a_sweep_stops_trials_at_its_rungs_promotes_the_rest_and_names_the_best(
         assert [t["params"]["lr"] for t in sweep["trials"]] == LRS
         jobs = c.get("/v1/jobs", params={"label": f"sweep={sweep['id']}"}, headers=auth).json()
         assert len(jobs) == 4  # ordinary jobs, with the sweep's label
-        sweep = wait(lambda: c.get(f"/v1/sweeps/{sweep['id']}", headers=auth).json(),
+        sweep = up.wait(lambda: c.get(f"/v1/sweeps/{sweep['id']}", headers=auth).json(),
                      lambda s: all(t["state"] in TERMINAL for t in s["trials"]))
         stopped = [t for t in sweep["trials"] if t["decision"] == "stopped"]
         assert stopped, sweep
@@ -438,13 +446,13 @@ def test_a_sweep_survives_a_server_restart_with_its_rungs_and_decisions(home):
     up = Up(path)
     sid = up.client.post("/v1/sweeps", json=sweep_spec(3000, [40, 1500]),
                          headers=auth).json()["id"]
-    before = wait(lambda: up.client.get(f"/v1/sweeps/{sid}", headers=auth).json(),
+    before = up.wait(lambda: up.client.get(f"/v1/sweeps/{sid}", headers=auth).json(),
                   lambda s: sum(len(t["rungs"]) for t in s["trials"]) >= 2)
     up.crash()  # mid-sweep: trials at rung 40 judged, none at 1500 yet
     up = Up(path)
     try:
         c = up.client
-        after = wait(lambda: c.get(f"/v1/sweeps/{sid}", headers=auth).json(),
+        after = up.wait(lambda: c.get(f"/v1/sweeps/{sid}", headers=auth).json(),
                      lambda s: all(t["state"] in TERMINAL for t in s["trials"]), timeout=300)
         was = {t["trial"]: t for t in before["trials"]}
         for t in after["trials"]:

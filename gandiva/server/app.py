@@ -1,32 +1,21 @@
-"""The REST API (version 1): FastAPI over the store and the scheduler's local loop.
+"""The REST API (version 1): FastAPI over the store and the scheduler's loop (``Service``).
 
 Every request carries ``Authorization: Bearer <token>``; a missing or unknown token gets 401.
 Users see and act on their own jobs, admins on all; another user's job is a 404, so its id
 leaks nothing (in the cluster view it is "(another user)"). A submission is stored
 (committed) before it reaches the scheduler, and every transition the scheduler reports is
-stored as an event: a restarted server finds every job.
+stored as an event, in order, by the service's writer: a restarted server finds every job.
 
 The shapes follow what users know from Ray Jobs and Kueue: a job resource with a state and
 a reason, sub-resources for its logs and events, verbs as POSTs (cancel, suspend, resume),
-and a PATCH for what may change (its priority).
-
-Confinement: a job runs in a directory inside its user's base directory (no absolute path,
-no ``..``, no symlink out), its checkpoints and logs live in the server's own job
-directory, and command arguments that are paths (absolute, or with ``..``) must lie inside
-the user's base directory. The command itself runs as the server's OS user: isolating
-hostile code needs per-user OS accounts or containers, which this server does not provide.
+and a PATCH for what may change (its priority). Where a job may run and what it may name:
+``confinement``.
 """
 
 import asyncio
-import collections
 import json
-import logging
 import math
-import shlex
-import threading
-import time
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
@@ -48,61 +37,26 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gandiva.backends.driver import Driver, JobRecord
-from gandiva.node.agent import Launch
 from gandiva.server import sweep_api
 from gandiva.server.jobspec import JobRequest, JsonInt
-from gandiva.server.metrics import Metrics
-from gandiva.server.store import (
-    EventRow,
-    JobChange,
-    JobRow,
-    Principal,
-    Store,
-    StoreError,
-    SweepRow,
-)
-from gandiva.server.sweeps import Sweeps
-from gandiva.spec import TERMINAL, JobSpec, JobState
-from gandiva.sweep.spec import SweepSpec
+from gandiva.server.service import Service
+from gandiva.server.store import EventRow, JobRow, Principal, StoreError
+from gandiva.server.views import JobView
+from gandiva.spec import TERMINAL
+
+__all__ = ["Service", "create_app"]
 
 DASHBOARD = Path(__file__).parent / "dashboard"
 FOLLOW_POLL_S = 0.25  # how often a followed log or event stream looks for more
 EVENT_ID_MAX = 2**31 - 1  # events.id is a 32-bit INTEGER (on PostgreSQL)
-PERSIST_TRIES = 8  # a database that went away gets about 25 s to come back
 # Limits a platform team can change (``gandiva server --max-body-bytes`` ...); each refusal
 # names its limit. A body is refused by its Content-Length before it is read, or as soon as
 # a chunked one passes the limit: the server never holds more than this of one request.
 MAX_BODY_BYTES = 1024 * 1024
-MAX_UNFINISHED_PER_USER = 10_000  # a user's jobs not yet done, failed or cancelled
 PAGE_DEFAULT, PAGE_MAX = 100, 1000  # jobs per page of GET /v1/jobs
-VIEWERS_KEPT = 16  # readers whose encoded cluster views are kept (most recent first)
-MODES = {0: "idle", 1: "exclusive"}  # a device's mode by its count of jobs (more: packed)
-JOBS_KEPT = 100_000  # jobs whose encoding a reader keeps (cleared beyond)
-ANONYMOUS_JOB = '{"id":null,"name":"(another user)","mine":false}'  # another user's job
-# what happened to a job -> the state it leaves the job in (the rest leave it as it was)
-LEAVES_IN = {**{s.value: s for s in JobState}, "released": JobState.QUEUED}
-log = logging.getLogger("gandiva.server")
-
-
-class JobView(BaseModel):
-    id: str
-    name: str
-    user_id: int
-    state: str  # queued, running, suspended (its turn will come), held, done, failed, cancelled
-    reason: str  # why it failed or was stopped
-    why: str  # the scheduler's view in words: why it is (not) running
-    steps: int  # mini-batches done, as the job last reported (0 before this server saw any)
-    priority: int
-    gpus: int
-    submitted_at: float
-    started_at: float | None
-    finished_at: float | None
-    labels: dict[str, str] = {}
-    submission_id: str | None = None
 
 
 class EventView(BaseModel):
@@ -214,14 +168,6 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-def resolved(path: Path) -> Path | None:
-    """``path`` with its symlinks followed; None if it cannot be (a symlink loop)."""
-    try:
-        return path.resolve()
-    except (OSError, RuntimeError):
-        return None
-
-
 class Explanation(BaseModel):
     state: str
     reason: str
@@ -245,384 +191,6 @@ class Sample(BaseModel):
 class Utilisation(BaseModel):
     total: int
     samples: list[Sample]
-
-
-def to_scheduler(job_id: str, req: JobRequest, cwd: Path) -> tuple[JobSpec, Launch]:
-    """The scheduler's view (JobSpec) and the agent's (Launch) of a request.
-
-    Decision: ``python``/``python3`` as the program means the server's own interpreter, so a
-    job runs with the packages the server has (torch, the job library), and can start in a
-    warm process."""
-    command = list(req.command)
-    if command[0] in ("python", "python3"):
-        command[0] = "{python}"
-    spec = JobSpec(job_id, 0.0, req.gpus, req.model, priority=req.priority,
-                   min_gpus=req.elastic.min if req.elastic else None,
-                   max_gpus=req.elastic.max if req.elastic else None)
-    return spec, Launch(command, cwd=cwd, env=dict(req.env))
-
-
-def unprocessable_query(field: str, msg: str) -> HTTPException:
-    return HTTPException(422, detail=[{"loc": ["query", field], "msg": msg,
-                                       "type": "value_error"}])
-
-
-def unprocessable(field: str, msg: str) -> HTTPException:
-    """A 422 shaped like FastAPI's own validation errors: the field, and what to do."""
-    return HTTPException(422, detail=[{"loc": ["body", field], "msg": msg,
-                                       "type": "value_error"}])
-
-
-def _encoded(job_id: str, name: str) -> tuple[str, str]:
-    """A job in the cluster view, encoded as its owner and as an admin see it."""
-    return tuple(json.dumps({"id": job_id, "name": name, "mine": mine}, separators=(",", ":"))
-                 for mine in (True, False))
-
-
-class AsSeen(dict):
-    """Job -> its encoding in the cluster view as one reader sees it, filled on first use
-    (so that joining a device's jobs is one ``map``)."""
-
-    def __init__(self, encode: Callable[[str, Principal], str], who: Principal) -> None:
-        super().__init__()
-        self.encode, self.who = encode, who
-
-    def __missing__(self, job_id: str) -> str:
-        encoded = self[job_id] = self.encode(job_id, self.who)
-        return encoded
-
-
-class Service:
-    """The store and the scheduler's loop, joined: what the API calls."""
-
-    def __init__(self, store: Store, backend: Driver, base_dir: Path,
-                 max_unfinished_per_user: int = MAX_UNFINISHED_PER_USER) -> None:
-        self.store = store
-        self.backend = backend
-        self.base_dir = base_dir
-        self.metrics = Metrics(backend)
-        self.max_unfinished_per_user = max_unfinished_per_user
-        self.unfinished: collections.Counter[int] = collections.Counter()  # user id -> jobs
-        self._counted: dict[str, int] = {}  # job id -> its user, while counted unfinished
-        self._count_lock = threading.Lock()
-        self._unstored: list[JobChange] = []  # what the loop reported, until it is flushed
-        self._points: list[dict[str, Any]] = []  # metric points reported, until flushed
-        self.sweeps = Sweeps(self)
-        # reader -> (node -> (the view's node, its part encoded for that reader), the jobs
-        # as that reader sees them)
-        self._views: dict[int, tuple[dict[int, tuple[dict, str]], AsSeen]] = {}
-        self._views_lock = threading.Lock()
-        # job -> (its user, it encoded for the cluster view as its user and as an admin see
-        # it), from its submission until it ends (``_own``, ``_job_json``)
-        self._owned: dict[str, tuple[int, str, str]] = {}
-        self._device_heads: dict[int, str] = {}  # device -> its part before its jobs, encoded
-        backend.on_change = self._persist
-        backend.on_flush = self._store
-        backend.on_points = self._on_points
-
-    def user_dir(self, who: Principal) -> Path:
-        return self.base_dir / "users" / who.name
-
-    def workdir(self, who: Principal, req: JobRequest) -> Path:
-        """The job's directory, checked to lie inside the user's base directory (a symlink
-        out of it is refused too), and the command's path arguments with it."""
-        base = self.user_dir(who).resolve()
-        cwd = resolved(base / req.workdir)
-        if cwd is None or not cwd.is_relative_to(base):
-            raise unprocessable("workdir", f"{req.workdir!r} leads out of your base directory "
-                                f"({base}); give a directory inside it")
-        try:
-            is_dir = cwd.is_dir()
-        except OSError:  # e.g. a name longer than the filesystem allows
-            is_dir = False
-        if not is_dir:
-            raise unprocessable("workdir", f"{req.workdir!r} does not exist in your base "
-                                f"directory ({base}); create it first")
-        for i, arg in enumerate(req.command):
-            for value in (arg, arg.partition("=")[2]):  # --data=/elsewhere names a path too
-                path = Path(value)
-                if value and (path.is_absolute() or ".." in path.parts) and \
-                        not (resolved(cwd / path) or Path("/")).is_relative_to(base):
-                    raise unprocessable("command", f"argument {i} ({shlex.quote(arg)}) names a "
-                                        f"path outside your base directory ({base}); put the "
-                                        "file there and name it relative to the workdir")
-        return cwd
-
-    def submit(self, who: Principal, req: JobRequest) -> JobRow:
-        """Store and queue a job; a ``submission_id`` used before returns that job (before
-        any other check: a retry of a job that exists is never refused)."""
-        if req.submission_id is not None:
-            earlier = self.store.by_submission(who, req.submission_id)
-            if earlier is not None:
-                return self._same(earlier, req)
-        cwd = self.workdir(who, req)
-        if req.gpus > len(self.backend.devices):
-            raise unprocessable("gpus", f"{req.gpus} GPUs asked; this cluster has "
-                                f"{len(self.backend.devices)}")
-        with self._count_lock:
-            if self.unfinished[who.id] >= self.max_unfinished_per_user:
-                raise HTTPException(429, f"you have {self.unfinished[who.id]} jobs not yet "
-                                    f"finished, the limit per user "
-                                    f"(--max-unfinished-per-user); wait for some or cancel them")
-            self.unfinished[who.id] += 1  # this submission's place, while it is stored
-        row = None
-        try:
-            row = self.store.add_job(who, req)  # committed before the scheduler sees it
-        finally:
-            with self._count_lock:
-                if row is not None and row.created:
-                    self._counted[row.id] = who.id  # the place becomes the job's
-                else:
-                    self.unfinished[who.id] -= 1
-        if not row.created:  # a concurrent retry stored it first
-            return self._same(row, req)
-        self.metrics.submitted.inc()
-        self._own(row.id, who.id, req.name)
-        self.backend.submit(*to_scheduler(row.id, req, cwd), time_limit=req.time_limit)
-        return row
-
-    def submit_sweep(self, who: Principal, spec: SweepSpec) -> tuple[SweepRow, list[JobRow]]:
-        """Store a sweep and its trials (one transaction), then queue every trial: each is
-        checked as a job submission is (its directory, its paths, the cluster's size, the
-        user's limit of unfinished jobs), all before any is stored."""
-        sweep_id = f"{spec.name[:31]}-{uuid.uuid4().hex[:8]}"
-        params = spec.draw()
-        requests = [spec.trial_request(i, p, sweep_id) for i, p in enumerate(params)]
-        cwds = [self.workdir(who, r) for r in requests]
-        if spec.gpus > len(self.backend.devices):
-            raise unprocessable("gpus", f"{spec.gpus} GPUs asked for each trial; this "
-                                f"cluster has {len(self.backend.devices)}")
-        n = len(requests)
-        with self._count_lock:
-            if self.unfinished[who.id] + n > self.max_unfinished_per_user:
-                raise HTTPException(429, f"{n} trials and your {self.unfinished[who.id]} "
-                                    "jobs not yet finished pass the limit per user "
-                                    f"({self.max_unfinished_per_user}, "
-                                    "--max-unfinished-per-user); ask for fewer trials")
-            self.unfinished[who.id] += n  # the trials' places, while they are stored
-        try:
-            sweep, rows = self.store.add_sweep(who, sweep_id, spec.name,
-                                               spec.model_dump(mode="json"),
-                                               list(zip(params, requests, strict=True)))
-        except BaseException:
-            with self._count_lock:
-                self.unfinished[who.id] -= n
-            raise
-        with self._count_lock:
-            self._counted.update({row.id: who.id for row in rows})
-        self.sweeps.add(sweep_id, spec, [row.id for row in rows])  # before any can report
-        for row, request, cwd in zip(rows, requests, cwds, strict=True):
-            self.metrics.submitted.inc()
-            self._own(row.id, who.id, request.name)
-            self.backend.submit(*to_scheduler(row.id, request, cwd),
-                                time_limit=request.time_limit)
-        return sweep, rows
-
-    @staticmethod
-    def _same(earlier: JobRow, req: JobRequest) -> JobRow:
-        """The job a submission_id made, if this is a retry of the same spec; a different
-        spec under a used id is a client's mistake, refused (409), never silently merged."""
-        if earlier.spec != req.model_dump():
-            raise HTTPException(409, f"submission_id {req.submission_id!r} was used for "
-                                f"another spec (job {earlier.id}); choose a new id")
-        return earlier
-
-    def _count(self, job_id: str, user_id: int) -> None:
-        with self._count_lock:
-            if job_id not in self._counted:
-                self._counted[job_id] = user_id
-                self.unfinished[user_id] += 1
-
-    def _uncount(self, job_id: str) -> None:
-        with self._count_lock:
-            user_id = self._counted.pop(job_id, None)
-            if user_id is not None:
-                self.unfinished[user_id] -= 1
-
-    def resume_unfinished(self) -> int:
-        """After a restart: give the scheduler every job not yet finished; those that had
-        started restore from their latest checkpoints. Held jobs stay held."""
-        n = 0
-        for row in self.store.unfinished():
-            req = JobRequest.model_validate(row.spec).model_copy(
-                update={"priority": row.priority})
-            owner = self.store.owner(row.id)
-            cwd = self.user_dir(owner) / req.workdir
-            self._own(row.id, owner.id, row.name)
-            self._count(row.id, owner.id)
-            held = row.state == JobState.HELD
-            if not held:
-                self.store.record(row.id, "requeued", {"after": "server restart"},
-                                  state=JobState.QUEUED)
-            self.backend.submit(*to_scheduler(row.id, req, cwd), time_limit=req.time_limit,
-                                held=held)
-            n += 1
-        self.sweeps.load()  # after their trials are back in the scheduler
-        return n
-
-    def _live(self, row: JobRow) -> None:
-        if row.state in TERMINAL:
-            raise HTTPException(409, f"job {row.id!r} is {row.state} already")
-
-    def cancel(self, who: Principal, row: JobRow) -> None:
-        self._live(row)
-        self.store.record(row.id, "cancel-requested", {"by": who.name})
-        self.backend.cancel(row.id)
-
-    def hold(self, who: Principal, row: JobRow) -> None:
-        self._live(row)
-        if row.state == JobState.HELD:
-            raise HTTPException(409, f"job {row.id!r} is held already")
-        self.store.record(row.id, "suspend-requested", {"by": who.name})
-        self.backend.hold(row.id)
-
-    def release(self, who: Principal, row: JobRow) -> None:
-        if row.state != JobState.HELD:
-            raise HTTPException(409, f"job {row.id!r} is {row.state}, not held: only a job "
-                                "suspended by its user can be resumed")
-        self.store.record(row.id, "resume-requested", {"by": who.name})
-        self.backend.release(row.id)
-
-    def change(self, who: Principal, row: JobRow, change: Change) -> None:
-        self._live(row)
-        self.store.record(row.id, "priority", {"by": who.name, "from": row.priority,
-                                               "to": change.priority},
-                          priority=change.priority)
-        self.backend.set_priority(row.id, change.priority)
-
-    def why(self, row: JobRow) -> str:
-        if row.state in TERMINAL:
-            return row.reason or row.state
-        try:
-            return self.backend.explain(row.id)["reason"]
-        except ValueError:
-            return ""
-
-    def steps(self, row: JobRow) -> int:
-        rec = self.backend.records.get(row.id)
-        return rec.steps if rec is not None else 0
-
-    def view(self, row: JobRow) -> JobView:
-        return JobView(id=row.id, name=row.name, user_id=row.user_id, state=row.state,
-                       reason=row.reason, why=self.why(row), steps=self.steps(row),
-                       priority=row.priority,
-                       gpus=row.spec["gpus"], submitted_at=row.submitted_at,
-                       started_at=row.started_at, finished_at=row.finished_at,
-                       labels=row.spec.get("labels") or {},
-                       submission_id=row.submission_id)
-
-    def cluster_json(self, who: Principal) -> bytes:
-        """The backend's view, each job named, or anonymous if ``who`` may not see it; as
-        JSON. Each node's part is encoded once per reader and kept while the backend's view
-        has the same node (see ``Driver.view``); a part is joined from encodings kept per
-        job (``AsSeen``) and per device. At a thousand servers, encoding 8,000 devices and
-        20,000 jobs at every request of every dashboard cost the API its latency. Between two
-        views most nodes do not change; in a round most do, and then joining kept encodings
-        took 10-12 ms where encoding each node whole took about 50 (1,000 x 8, 20,000 jobs,
-        1.6 MB; the same bytes)."""
-        view = self.backend.view()
-        with self._views_lock:
-            kept = self._views.pop(who.id, None) or ({}, AsSeen(self._job_json, who))
-            self._views[who.id] = kept  # the most recent readers' parts are kept
-            while len(self._views) > VIEWERS_KEPT:
-                del self._views[next(iter(self._views))]
-        nodes, as_seen = kept
-        if len(as_seen) > JOBS_KEPT:  # (mostly jobs long finished)
-            as_seen.clear()
-        parts = []
-        for node in view["nodes"]:
-            hit = nodes.get(node["id"])
-            if hit is None or hit[0] is not node:
-                hit = nodes[node["id"]] = (node, self._node_json(node, as_seen))
-            parts.append(hit[1])
-        rest = json.dumps({**{k: v for k, v in view.items() if k != "nodes"},
-                           "queue": [j if who.admin or self._owned.get(j, (None,))[0] == who.id
-                                     else None for j in view["queue"]]},
-                          separators=(",", ":"))
-        return f'{rest[:-1]},"nodes":[{",".join(parts)}]}}'.encode()
-
-    def _node_json(self, node: dict, as_seen: AsSeen) -> str:
-        job = as_seen.__getitem__
-        devices = []
-        for d in node["devices"]:
-            head = self._device_heads.get(d["id"])
-            if head is None:
-                kind = self.backend.cluster.gpus[d["id"]].type
-                head = self._device_heads[d["id"]] = (
-                    f'{{"id":{d["id"]},"name":{json.dumps(d["name"])},'
-                    f'"kind":{json.dumps(kind)},"jobs":[')
-            jobs = d["jobs"]
-            devices.append(f'{head}{",".join(map(job, jobs))}],'
-                           f'"mode":"{MODES.get(len(jobs), "packed")}"}}')
-        up = node["up"]
-        return (f'{{"id":{node["id"]},"up":{"true" if up else "false"},'
-                f'"name":"node{node["id"]}{"" if up else " (down)"}",'
-                f'"time_sliced":[{",".join(map(job, node["time_sliced"]))}],'
-                f'"devices":[{",".join(devices)}]}}')
-
-    def _own(self, job_id: str, user: int, name: str) -> None:
-        """Whose the job is, and its encodings in the cluster view, made once as it is
-        submitted (on the API's thread, not when a reader first sees it in a view)."""
-        self._owned[job_id] = (user, *_encoded(job_id, name))
-
-    def _job_json(self, job_id: str, who: Principal) -> str:
-        """A job in the cluster view as ``who`` sees it, encoded: named if it is theirs or
-        they are an admin, else anonymous."""
-        user, as_owner, as_admin = self._owned.get(job_id) or (None, *_encoded(job_id, job_id))
-        if user == who.id:
-            return as_owner
-        return as_admin if who.admin else ANONYMOUS_JOB
-
-    def _persist(self, rec: JobRecord, what: str) -> None:
-        state = LEAVES_IN.get(what)
-        data: dict[str, Any] = {"steps": rec.steps, "restarts": rec.restarts}
-        if what in ("running", "migrated", "resized"):
-            data["devices"] = list(rec.devices)
-        if what in ("profile", "feedback", "done"):
-            data.update(rec.profile, metrics=dict(rec.metrics))
-        reason = rec.reason if what in ("failed", "restarted", "cancelled") else None
-        if state in TERMINAL:
-            self._uncount(rec.spec.id)
-            self.sweeps.forget(rec.spec.id)
-            self._owned.pop(rec.spec.id, None)
-        self.metrics.changed(what, state)
-        self._unstored.append(JobChange(rec.spec.id, what, data, state, reason))
-
-    def _on_points(self, rec: JobRecord, series: dict[str, list[list[float]]]) -> None:
-        """(The loop.) A job's metric points: kept until the next flush, and judged if the
-        job is a sweep's trial."""
-        now = time.time()
-        series = {name[:64]: [(int(step), float(value)) for step, value in points
-                              if 0 <= step <= sweep_api.STEP_MAX and math.isfinite(value)]
-                  for name, points in series.items()}
-        self._points.extend({"job_id": rec.spec.id, "name": name, "step": step,
-                             "value": value, "at": now}
-                            for name, points in series.items() for step, value in points)
-        self.sweeps.observe(rec.spec.id, series)
-
-    def _store(self) -> None:
-        """(The loop's ``on_flush``.) Store the metric points reported since the last flush
-        (one INSERT; a batch the database refuses costs a curve a few dots, never a job its
-        state: it is not retried), then every change reported since, in one transaction,
-        before the actions they describe go to the nodes."""
-        points, self._points = self._points, []
-        try:
-            self.store.add_points(points)
-        except SQLAlchemyError as e:
-            log.warning("dropped %d metric points: %s", len(points), e)
-        changes, self._unstored = self._unstored, []
-        if not changes:
-            return
-        for attempt in range(PERSIST_TRIES):
-            try:
-                for why in self.store.record_many(changes):  # e.g. a job that ended as it
-                    log.warning("not stored: %s", why)  # was cancelled
-                return
-            except OperationalError as e:  # the database is down or restarting: wait for it
-                log.warning("cannot store %d changes (%s); retrying", len(changes), e)
-                time.sleep(min(0.1 * 2 ** attempt, 8.0))
-        # the scheduler goes on: a lost transition is corrected by the next one it stores
-        log.error("gave up storing %d changes: the database is unreachable", len(changes))
 
 
 class UserInfo(BaseModel):
@@ -685,7 +253,8 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
             raise HTTPException(404, f"no job {job_id!r}")
         return row
 
-    sweep_api.routes(app, service, Who, visible, NOT_FOUND, BAD_BODY)
+    sweep_api.routes(app, store, service.submit_sweep, service.backend.agent.checkpoint_dir, Who,
+                     visible, NOT_FOUND, BAD_BODY)
 
     @app.get("/v1/whoami")
     def whoami(who: Who) -> WhoAmI:
@@ -742,7 +311,7 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
     @app.patch("/v1/jobs/{job_id}", responses={**BAD_BODY, **NOT_FOUND, **CONFLICT})
     def change(job_id: str, change: Change, who: Who) -> JobView:
         """Change a job's priority; the policy takes it into account at once."""
-        service.change(who, visible(who, job_id), change)
+        service.change(who, visible(who, job_id), change.priority)
         return service.view(visible(who, job_id))
 
     @app.post("/v1/jobs/{job_id}/cancel", responses={**NOT_FOUND, **CONFLICT})
@@ -799,7 +368,7 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
         try:
             return Explanation(**service.backend.explain(job_id))
         except ValueError:  # stored but not (yet) given to the scheduler, or long finished
-            return Explanation(state=row.state, reason=service.why(row) or row.state,
+            return Explanation(state=row.state, reason=service.views.why(row) or row.state,
                                queue_position=None, needs=None)
 
     @app.get("/v1/jobs/{job_id}/events", responses=NOT_FOUND)
@@ -873,7 +442,8 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
 
     @app.get("/readyz", include_in_schema=False)
     def readyz() -> JSONResponse:
-        """The store answers and the scheduler's loop is alive (readiness)."""
+        """The store answers, the scheduler's loop is alive and what it reports is being
+        stored (readiness)."""
         problems = []
         try:
             with store.engine.connect() as conn:
@@ -882,6 +452,9 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
             problems.append(f"store: {type(e).__name__}")
         if not service.backend.alive():
             problems.append("scheduler loop: not running")
+        if not service.writer.healthy():
+            problems.append(f"store writes: {service.writer.queued()} queued, the oldest "
+                            f"{service.writer.behind_s():.0f} s ago")
         return JSONResponse({"status": "not ready" if problems else "ok",
                              "problems": problems}, status_code=503 if problems else 200)
 

@@ -50,7 +50,7 @@ from gandiva.spec import TERMINAL, JobState
 
 CHUNK = 500  # jobs read in one query when storing a batch (bound parameters stay few)
 TOKEN_RECHECK_S = 10.0  # a cached token is looked up again after this long
-
+STEP_MAX = 2**31 - 1  # metric_points.step is a 32-bit INTEGER (on PostgreSQL)
 
 
 @dataclass
@@ -63,6 +63,18 @@ class JobChange:
     state: str | None = None
     reason: str | None = None
     priority: int | None = None
+
+
+@dataclass(frozen=True)
+class TrialDecision:
+    """A sweep's latest decision on a trial, with the value it had at each rung it reached
+    (rung -> value)."""
+
+    sweep_id: str
+    trial: int
+    rungs: dict[int, float]
+    decision: str
+
 
 class Base(DeclarativeBase):
     pass
@@ -394,10 +406,11 @@ class Store:
         if refused:
             raise StoreError(refused[0])
 
-    def record_many(self, changes: list[JobChange]) -> list[str]:
-        """Store ``changes`` in one transaction (one commit for a whole time-slicing round);
-        returns why each one that could not apply was left out (no such job, or a state
-        after the end), the rest stored.
+    def record_many(self, changes: list[JobChange],
+                    decisions: list[TrialDecision] | tuple[()] = ()) -> list[str]:
+        """Store ``changes`` and sweeps' ``decisions`` in one transaction (one commit for a
+        whole time-slicing round); returns why each change that could not apply was left
+        out (no such job, or a state after the end), the rest stored.
 
         In three statements per chunk of jobs, whatever their number: one read of the jobs'
         rows, one UPDATE run for every changed job, one multi-row INSERT of the events.
@@ -448,6 +461,8 @@ class Store:
                      for j in changed])
             if events:
                 conn.execute(insert(EventRow), events)
+            for d in decisions:
+                self._set_trial(conn, d)
         return refused
 
     def job(self, who: Principal, job_id: str) -> JobRow | None:
@@ -526,7 +541,6 @@ class Store:
             q = (select(JobRow).where(JobRow.state.not_in(TERMINAL))
                  .order_by(JobRow.submitted_at, JobRow.id))
             return list(s.scalars(q))
-
 
     # ---- learning curves ----------------------------------------------------------------
     def add_points(self, points: list[dict[str, Any]]) -> None:
@@ -612,14 +626,17 @@ class Store:
                  .order_by(TrialRow.sweep_id, TrialRow.trial))
             return [(t, j) for t, j in s.execute(q)]
 
-    def set_trial(self, sweep_id: str, trial: int, rungs: dict[str, float],
-                  decision: str) -> None:
-        """A sweep's decision on a trial (stored before it is carried out: a server that
-        restarts in between carries it out again)."""
+    def set_trial(self, decision: TrialDecision) -> None:
+        """A sweep's decision on a trial (a server that restarts carries it out again)."""
         with self._writer, self.engine.begin() as conn:
-            conn.execute(update(TrialRow).where(TrialRow.sweep_id == sweep_id,
-                                                TrialRow.trial == trial)
-                         .values(rungs=rungs, decision=decision))
+            self._set_trial(conn, decision)
+
+    @staticmethod
+    def _set_trial(conn: Connection, d: TrialDecision) -> None:
+        conn.execute(update(TrialRow).where(TrialRow.sweep_id == d.sweep_id,
+                                            TrialRow.trial == d.trial)
+                     .values(rungs={str(r): v for r, v in d.rungs.items()},
+                             decision=d.decision))
 
 
 def _new(who: Principal, request: JobRequest) -> _Pending:

@@ -8,18 +8,18 @@
 """
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import FastAPI, HTTPException, Query
 from pydantic import BaseModel
 
 from gandiva.job import checkpoint
-from gandiva.server.store import JobRow, SweepRow
+from gandiva.server.store import STEP_MAX, JobRow, Principal, Store, SweepRow, TrialRow
 from gandiva.spec import JobState
 from gandiva.sweep.spec import SweepSpec
 
-STEP_MAX = 2**31 - 1  # metric_points.step is a 32-bit INTEGER (on PostgreSQL): a point
-# reported at a step beyond it is left out, and no step after it can be asked for
+# a point reported at a step beyond STEP_MAX is left out, and no step after it can be asked for
 POINTS_MAX = 100_000  # points in one answer; ask again ``after`` the last step for more
 
 
@@ -56,9 +56,14 @@ class SweepView(BaseModel):
     best: TrialView | None  # the finished (done) trial with the best latest value
 
 
-def sweep_view(service: Any, row: SweepRow, trials: list[tuple[Any, JobRow]]) -> SweepView:
+CheckpointDir = Callable[[str], Path | None]  # a job's checkpoint directory on the server
+SubmitSweep = Callable[[Principal, SweepSpec], tuple[SweepRow, list[JobRow]]]
+
+
+def sweep_view(store: Store, checkpoint_dir: CheckpointDir, row: SweepRow,
+               trials: list[tuple[TrialRow, JobRow]]) -> SweepView:
     spec = SweepSpec.model_validate(row.spec)
-    last = service.store.last_points([job.id for _, job in trials], spec.metric)
+    last = store.last_points([job.id for _, job in trials], spec.metric)
     views = [TrialView(trial=t.trial, job_id=job.id, name=job.name, state=job.state,
                        reason=job.reason, params=t.params, rungs=t.rungs, decision=t.decision,
                        step=last.get(job.id, (None, None))[0],
@@ -68,7 +73,7 @@ def sweep_view(service: Any, row: SweepRow, trials: list[tuple[Any, JobRow]]) ->
     done = [v for v in views if v.state == JobState.DONE and v.value is not None]
     best = min(done, key=lambda v: (sign * v.value, v.trial), default=None)
     if best is not None:
-        where = service.backend.agent.checkpoint_dir(best.job_id)
+        where = checkpoint_dir(best.job_id)
         newest = checkpoint.steps(where) if where is not None else []
         if newest:
             best = best.model_copy(update={"checkpoint": str(checkpoint.path(where, newest[0]))})
@@ -77,9 +82,8 @@ def sweep_view(service: Any, row: SweepRow, trials: list[tuple[Any, JobRow]]) ->
                      trials=views, best=best)
 
 
-def routes(app: FastAPI, service: Any, Who: Any, visible: Callable[..., JobRow],
-           not_found: dict, bad_body: dict) -> None:
-    store = service.store
+def routes(app: FastAPI, store: Store, submit: SubmitSweep, checkpoint_dir: CheckpointDir,
+           Who: Any, visible: Callable[..., JobRow], not_found: dict, bad_body: dict) -> None:
 
     @app.get("/v1/jobs/{job_id}/metrics", responses=not_found)
     def metrics_of(job_id: str, who: Who,
@@ -102,8 +106,8 @@ def routes(app: FastAPI, service: Any, Who: Any, visible: Callable[..., JobRow],
         """Start a sweep: every trial is queued at once, as an ordinary job labelled
         ``sweep=<id>`` and ``trial=<n>``; the sweep's rule promotes or stops them as they
         report its metric."""
-        row, _ = service.submit_sweep(who, spec)
-        return sweep_view(service, row, store.trials([row.id]))
+        row, _ = submit(who, spec)
+        return sweep_view(store, checkpoint_dir, row, store.trials([row.id]))
 
     @app.get("/v1/sweeps")
     def sweeps(who: Who, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -116,7 +120,7 @@ def routes(app: FastAPI, service: Any, Who: Any, visible: Callable[..., JobRow],
         if not brief:
             for t, job in store.trials(list(trials)):
                 trials[t.sweep_id].append((t, job))
-        return [sweep_view(service, row, trials[row.id]) for row in rows]
+        return [sweep_view(store, checkpoint_dir, row, trials[row.id]) for row in rows]
 
     @app.get("/v1/sweeps/{sweep_id}", responses={404: {"description": "No such sweep, or "
                                                                       "not yours"}})
@@ -124,4 +128,4 @@ def routes(app: FastAPI, service: Any, Who: Any, visible: Callable[..., JobRow],
         rows = store.sweeps(who, sweep_id) if "\x00" not in sweep_id else []
         if not rows:
             raise HTTPException(404, f"no sweep {sweep_id!r}")
-        return sweep_view(service, rows[0], store.trials([sweep_id]))
+        return sweep_view(store, checkpoint_dir, rows[0], store.trials([sweep_id]))

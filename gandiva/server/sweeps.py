@@ -48,7 +48,8 @@ waited for every other trial's first turn (``benchmarks/sweep.py`` seed 3: the g
 third of 16, and FIFO with ASHA, which runs it to the end as soon as it starts, reached the
 target sooner).
 
-Decisions are stored before they are carried out; after a restart ``load`` takes every sweep
+A sweep acts on its trials only through ``Trials`` (the server's loop implements it): every
+decision is recorded before it is carried out, and after a restart ``load`` takes every sweep
 with a trial not yet finished up again and carries out again what a crash may have left
 undone (a stop, a priority).
 """
@@ -59,17 +60,40 @@ import logging
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from gandiva.server.store import JobRow, SweepRow, TrialDecision, TrialRow
 from gandiva.spec import TERMINAL, JobState
 from gandiva.sweep.rules import Verdict, judge, value_at
 from gandiva.sweep.spec import SweepSpec
 
-if TYPE_CHECKING:
-    from gandiva.server.app import Service
-
 log = logging.getLogger("gandiva.sweeps")
 POINTS_KEPT = 512  # a trial's newest points of the sweep's metric, for its next rung's value
+
+
+class Trials(Protocol):
+    """What a sweep does to its trials' jobs, and all it may do. Each call is recorded (an
+    event of the job, with ``why``, queued for the store in the order made) before it is
+    carried out."""
+
+    def devices(self) -> int:
+        """The cluster's devices (a sweep leads with one trial only where there is room)."""
+
+    def decided(self, decision: TrialDecision) -> None:
+        """Store the sweep's decision on a trial (what a restarted server takes up)."""
+
+    def note(self, job_id: str, kind: str, why: str) -> None:
+        """An event of the trial's job, nothing to carry out."""
+
+    def set_priority(self, job_id: str, priority: int, kind: str, why: str) -> None: ...
+
+    def hold(self, job_id: str, why: str) -> None:
+        """Pause: the trial checkpoints and gives up its devices until ``release``."""
+
+    def release(self, job_id: str, why: str) -> None: ...
+
+    def stop(self, job_id: str, why: str) -> None:
+        """Cancel the trial, with ``why`` as its reason."""
 
 
 @dataclass
@@ -115,8 +139,10 @@ class Sweep:
 
 
 class Sweeps:
-    def __init__(self, service: Service) -> None:
-        self.service = service
+    """Every sweep with a trial not yet finished; judges its trials as they report."""
+
+    def __init__(self, trials: Trials) -> None:
+        self.trials = trials
         self.by_job: dict[str, Trial] = {}
         self._lock = threading.Lock()  # the loop observes; the API adds sweeps
 
@@ -126,13 +152,11 @@ class Sweeps:
         with self._lock:
             self.by_job.update({t.job_id: t for t in sweep.trials})
 
-    def load(self) -> int:
-        """After a restart: every sweep with a trial not finished, as the store has it;
-        decisions not yet carried out are carried out. Returns how many sweeps."""
-        store = self.service.store
-        sweeps = {row.id: Sweep(row.id, SweepSpec.model_validate(row.spec))
-                  for row in store.sweeps(unfinished=True)}
-        for t, job in store.trials(list(sweeps)):
+    def load(self, rows: list[SweepRow], trials: list[tuple[TrialRow, JobRow]]) -> int:
+        """After a restart: the sweeps with a trial not finished (``rows``) and their trials,
+        as stored; decisions not yet carried out are carried out. Returns how many sweeps."""
+        sweeps = {row.id: Sweep(row.id, SweepSpec.model_validate(row.spec)) for row in rows}
+        for t, job in trials:
             sweep = sweeps[t.sweep_id]
             trial = Trial(sweep, t.trial, t.job_id, {int(r): v for r, v in t.rungs.items()},
                           t.decision)
@@ -151,7 +175,7 @@ class Sweeps:
             elif trial.decision == "paused":
                 trial.why = f"sweep {sweep.id} (paused before a restart)"
                 if job.state != JobState.HELD:
-                    self.service.backend.hold(trial.job_id)
+                    self.trials.hold(trial.job_id, trial.why)
         for sweep in sweeps.values():
             for rung in sweep.spec.stop.rungs:
                 self._revisit(sweep, rung)
@@ -184,7 +208,7 @@ class Sweeps:
             elif verdict.sure:
                 trial.why = why
             else:
-                self.service.store.record(trial.job_id, "sweep-continued", {"why": why})
+                self.trials.note(trial.job_id, "sweep-continued", why)
             self._revisit(trial.sweep, rung)
             if not verdict.go_on:
                 break
@@ -207,9 +231,8 @@ class Sweeps:
         return trial
 
     def _store(self, trial: Trial) -> None:
-        self.service.store.set_trial(trial.sweep.id, trial.number,
-                                     {str(r): v for r, v in trial.rungs.items()},
-                                     trial.decision)
+        self.trials.decided(TrialDecision(trial.sweep.id, trial.number, dict(trial.rungs),
+                                          trial.decision))
 
     def _revisit(self, sweep: Sweep, rung: int) -> None:
         """A value came in at ``rung``: promote the trials paused there that are now in the
@@ -228,8 +251,7 @@ class Sweeps:
             trial.decision = "promoted"
             trial.why = f"{why}, after a pause"
             self._store(trial)
-            self.service.store.record(trial.job_id, "sweep-unpaused", {"why": trial.why})
-            self.service.backend.release(trial.job_id)
+            self.trials.release(trial.job_id, trial.why)
             log.info("unpaused %s: %s", trial.job_id, trial.why)
 
     def _judge_again(self, trial: Trial, verdict: Verdict, why: str) -> None:
@@ -247,8 +269,7 @@ class Sweeps:
 
     def _pause(self, trial: Trial, why: str) -> None:
         trial.why = why
-        self.service.store.record(trial.job_id, "sweep-paused", {"why": why})
-        self.service.backend.hold(trial.job_id)
+        self.trials.hold(trial.job_id, why)
         log.info("paused %s: %s", trial.job_id, why)
 
     def _finish(self, sweep: Sweep) -> None:
@@ -290,7 +311,7 @@ class Sweeps:
         other trials; else None."""
         live = [t for t in sweep.trials
                 if first in t.rungs and not t.ended and t.decision != "paused"]
-        if not live or self.service.backend.cluster.total_gpus < 2 * sweep.spec.gpus:
+        if not live or self.trials.devices() < 2 * sweep.spec.gpus:
             return None
         sign = 1 if sweep.spec.mode == "min" else -1
         best = min(live, key=lambda t: (sign * t.rungs[first], t.number))
@@ -316,14 +337,11 @@ class Sweeps:
             if priority == (sweep.spec.priority if trial.set_to is None else trial.set_to):
                 continue
             trial.set_to = priority
-            self.service.store.record(trial.job_id, kind, {"why": why, "to": priority},
-                                      priority=priority)
-            self.service.backend.set_priority(trial.job_id, priority)
+            self.trials.set_priority(trial.job_id, priority, kind, why)
             log.info("%s %s: %s", kind, trial.job_id, why)
 
     def _stop(self, trial: Trial, why: str) -> None:
-        self.service.store.record(trial.job_id, "sweep-stopped", {"why": why})
-        self.service.backend.cancel(trial.job_id, reason=f"stopped by {why}")
+        self.trials.stop(trial.job_id, why)
         self._ended(trial.job_id)
         log.info("stopped %s: %s", trial.job_id, why)
 

@@ -1,0 +1,193 @@
+"""The server's writer: the scheduler's loop goes on deciding while its database is slow or
+away, and what it decided is stored, in order, once the database takes writes again; a
+clean shutdown stores what is queued. On real databases: a SQLite file another process holds
+locked (slow), and a PostgreSQL database that refuses every connection (away)."""
+
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gandiva.backends.driver import Driver
+from gandiva.policies import make_policy
+from gandiva.server.app import create_app
+from gandiva.server.jobspec import JobRequest
+from gandiva.server.persistence import Batch, Writer
+from gandiva.server.service import Service
+from gandiva.server.store import JobChange, Store
+from gandiva.spec import TERMINAL
+
+WAIT_S = 60  # for what the loop does with real processes
+
+
+@contextmanager
+def database_away(db_url: str):
+    """SQLite: another connection holds the write lock (writers wait, readers read).
+    PostgreSQL: the database refuses connections, and the open ones are ended."""
+    if db_url.startswith("sqlite"):
+        import sqlite3
+
+        holder = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            yield
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        return
+    import psycopg
+
+    server, name = db_url.rsplit("/", 1)
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+        admin.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE datname = %s", (name,))
+        try:
+            yield
+        finally:
+            admin.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
+
+
+class Server:
+    """A server's parts in this process: the store, a fifo loop on one slot, the service;
+    ``reported`` is every job change in the order the loop reported it."""
+
+    def __init__(self, tmp: Path, db_url: str) -> None:
+        self.store = Store(db_url)
+        self.backend = Driver(make_policy("fifo"), tmp / "work", slots=1)
+        self.service = Service(self.store, self.backend, tmp / "base")
+        self.reported: list[tuple[str, str]] = []
+        stores = self.backend.on_change
+
+        def report(rec, what: str) -> None:
+            self.reported.append((rec.spec.id, what))
+            stores(rec, what)
+
+        self.backend.on_change = report
+        self.ada = self.store.principal(self.store.add_user("ada"))
+        self.root = self.store.principal(self.store.add_user("root", admin=True))
+        self.service.user_dir(self.ada).mkdir(parents=True)
+        self.loop = threading.Thread(target=self.backend.run, kwargs={"until_idle": False})
+        self.loop.start()
+
+    def submit(self, name: str, *command: str) -> str:
+        return self.service.submit(self.ada, JobRequest(name=name, command=list(command))).id
+
+    def waiting(self, n: int) -> tuple[str, list[str]]:
+        """A job holding the only slot, and ``n`` quick ones queued behind it; everything
+        so far stored."""
+        blocker = self.submit("blocker", "sleep", "300")
+        queued = [self.submit(f"quick{i}", "true") for i in range(n)]
+        writer = self.service.writer
+        assert writer.wait(lambda: self.backend.records[blocker].status == "running", WAIT_S)
+        assert writer.flush(WAIT_S)
+        return blocker, queued
+
+    def decided(self, *job_ids: str) -> bool:
+        """Has the loop seen every one of these jobs end?"""
+        return all(self.backend.records[j].status in TERMINAL for j in job_ids)
+
+    def stored(self) -> list[tuple[str, str]]:
+        """Every job event the loop reported, as stored, in the order stored."""
+        return [(e.job_id, e.kind) for e in self.store.all_events(self.root, 0, 10_000)
+                if e.kind not in ("submitted", "cancel-requested")]
+
+    def stop(self) -> None:
+        self.backend.stop()
+        self.loop.join(timeout=WAIT_S)
+
+
+@pytest.fixture
+def server(tmp_path, db_url):
+    srv = Server(tmp_path, db_url)
+    yield srv
+    srv.stop()
+    srv.service.close(timeout=10)
+
+
+def test_the_loop_decides_while_the_database_is_away_and_its_changes_land_in_order(
+        server, db_url):
+    """Three jobs wait behind one that holds the only slot; with the database away, the
+    first is cancelled: the loop starts and ends the other three, one after the other,
+    with nothing stored meanwhile; once the database is back, every change it reported is
+    stored, in the order reported."""
+    blocker, queued = server.waiting(3)
+    writer = server.service.writer
+    with database_away(db_url):
+        server.backend.cancel(blocker)
+        assert writer.wait(lambda: server.decided(blocker, *queued), WAIT_S)
+        assert [server.backend.records[j].status for j in queued] == ["done"] * 3
+        assert writer.queued() > 0
+        scraped = server.service.metrics.scrape().decode()
+        assert "gandiva_store_writes_queued " in scraped
+        assert "gandiva_store_writes_queued 0.0" not in scraped
+        if db_url.startswith("sqlite"):  # readers still read: the last stored state
+            assert server.store.job(server.ada, queued[0]).state == "queued"
+        else:  # every try fails: not ready, and /readyz says why
+            assert writer.wait(lambda: writer.retries > 0, WAIT_S)
+            assert not writer.healthy()
+            ready = TestClient(create_app(server.service)).get("/readyz")
+            assert ready.status_code == 503
+            assert any(p.startswith("store writes: ") for p in ready.json()["problems"])
+    assert server.service.flush(WAIT_S)
+    assert writer.queued() == 0 and writer.healthy()
+    assert server.stored() == server.reported
+    assert [server.store.job(server.ada, j).state for j in queued] == ["done"] * 3
+    assert server.store.job(server.ada, blocker).state == "cancelled"
+
+
+def test_a_clean_shutdown_stores_what_is_queued_once_the_database_takes_it(server, db_url):
+    """The loop stops while the database is away; closing, once it is back, stores every
+    change queued."""
+    blocker, jobs = server.waiting(2)
+    writer = server.service.writer
+    with database_away(db_url):
+        server.backend.cancel(blocker)
+        assert writer.wait(lambda: server.decided(blocker, *jobs), WAIT_S)
+        server.stop()
+        assert writer.queued() > 0
+    # (the database is back now; the close below finds it)
+    assert server.service.close(timeout=WAIT_S)
+    assert writer.queued() == 0 and writer.dropped == 0
+    assert server.stored() == server.reported
+    assert {server.store.job(server.ada, j).state for j in jobs} == {"done"}
+
+
+def test_a_close_the_database_never_comes_back_for_ends_in_time_and_says_what_was_lost(
+        server, db_url, caplog):
+    blocker, (job,) = server.waiting(1)
+    writer = server.service.writer
+    with database_away(db_url):
+        server.backend.cancel(blocker)
+        assert writer.wait(lambda: server.decided(blocker, job), WAIT_S)
+        server.stop()
+        left = writer.queued()
+        assert left > 0
+        assert not server.service.close(timeout=0.5)
+    assert writer.dropped == left
+    assert f"closed with {left} writes not stored" in caplog.text
+
+
+def test_a_write_the_database_refuses_for_what_it_holds_is_dropped_and_the_rest_land(
+        tmp_path, db_url):
+    """A metric point of a job that does not exist breaks a foreign key: retrying it would
+    never succeed, and must not hold back the writes queued behind it."""
+    store = Store(db_url)
+    ada = store.principal(store.add_user("ada"))
+    job = store.add_job(ada, JobRequest(name="a", command=["true"])).id
+    writer = Writer(store)
+    try:
+        writer.put(Batch(changes=[JobChange(job, "running", state="running")]))
+        writer.put(Batch(points=[{"job_id": "no-such-job", "name": "loss", "step": 1,
+                                  "value": 1.0, "at": 0.0}]))
+        writer.put(Batch(changes=[JobChange(job, "done", state="done")],
+                         points=[{"job_id": job, "name": "loss", "step": 1, "value": 0.5,
+                                  "at": 0.0}]))
+        assert writer.flush(WAIT_S)
+        assert writer.dropped == 1
+        assert [e.kind for e in store.events(job)] == ["submitted", "running", "done"]
+        assert store.points(job) == {"loss": [(1, 0.5, 0.0)]}
+    finally:
+        writer.close(timeout=10)
