@@ -110,9 +110,11 @@ def test_grow_widens_an_elastic_job_after_a_quantum_and_a_newcomer_shrinks_it_at
 
 
 def test_the_book_shows_where_each_started_job_waits_and_how_over_subscribed_it_is():
-    sched, _ = drive("2x2", "slicer:quantum=1", arrive("a"), arrive("b"), arrive("c"),
-                     arrive("d"), arrive("e"), E.Tick(1.0))
+    sched, _ = drive("2x2", "slicer:quantum=1")
     book = sched.policy.book
+    assert book.height(0) == 0.0 and not book.home  # read before any event, as a view may
+    for event in (arrive("a"), arrive("b"), arrive("c"), arrive("d"), arrive("e"), E.Tick(1.0)):
+        sched.handle(event)
     waiting = [j for j in "abcde" if sched.cluster.jobs[j].status is JobStatus.SUSPENDED]
     assert len(waiting) == 1 and set(book.home) == set("abcde")
     server = book.home[waiting[0]][0]

@@ -44,7 +44,10 @@ class Book:
     moved: set[str] | None = None  # jobs whose home changed, for a reader that sets it
 
     def height(self, server: int) -> float:
-        """Demand over capacity: above 1 the server is over-subscribed (the paper's word)."""
+        """Demand over capacity: above 1 the server is over-subscribed (the paper's word);
+        0 for a server the book has not seen yet."""
+        if server >= len(self.size):
+            return 0.0
         return self.demand[server] / self.size[server]
 
     def add_servers(self, cluster: Cluster) -> None:
