@@ -196,8 +196,8 @@ def tasks(groups: list[str]) -> Iterator[Task]:
         # packing), and the same built on the default
         for gpus in automl.SETUPS:
             configs = automl.SETUPS[gpus][0]
-            specs = {"fifo": "fifo", "gandiva": f"{PAPER}:max_height={configs}:-pack",
-                     "gandiva-default": f"gandiva:max_height={configs}:-pack"}
+            specs = {"fifo": "fifo", "gandiva": f"{PAPER}:placement.max_height={configs}:-packing",
+                     "gandiva-default": f"gandiva:placement.max_height={configs}:-packing"}
             for position in automl.POSITIONS:
                 for seed in range(3):
                     for label, spec in specs.items():

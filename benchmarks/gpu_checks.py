@@ -105,7 +105,7 @@ def frameworks() -> None:
     from gandiva.spec import JobSpec
 
     with tempfile.TemporaryDirectory() as tmp:
-        backend = Driver(make_policy("gandiva:quantum=5:-pack"), Path(tmp), slots=None,
+        backend = Driver(make_policy("gandiva:quantum=5:-packing"), Path(tmp), slots=None,
                                checkpoint_every_s=30.0, feedback_steps=10)
         jobs = {f"lightning{i}": ["{python}", str(EXAMPLES / "lightning_mlp.py"), "--epochs",
                                   "2", "--batches", "300", "--width", "2048", "--seed", str(i)]

@@ -104,7 +104,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--traces", default=None)
     ap.add_argument("--gandiva", default="gandiva", help="the gandiva variant to compare, "
-                    "e.g. gandiva:slice_order=las")
+                    "e.g. gandiva:slices.order=las")
     ap.add_argument("--workers", type=int, default=1,
                     help="cells run in this many processes (each cell's wall time is its own)")
     args = ap.parse_args()

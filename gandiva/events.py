@@ -79,16 +79,5 @@ class Confirmed:
     job_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class RoundsEnd:
-    """The simulator hands planned rounds (``actions.Rounds``) back before something the plan
-    did not foresee happens on their servers (a job of them completes, a server fails): the
-    state becomes the round in progress, and the policy decides again from there."""
-
-    time: float
-    servers: tuple[int, ...]
-    round: int  # the round in progress (``Rounds.round_at``), which the state becomes
-
-
 Event = (Arrival | Departure | ProfileSample | Failure | Join | PriorityChange | Tick
-         | Confirmed | RoundsEnd)
+         | Confirmed)

@@ -114,12 +114,10 @@ class Cluster:
         # cost is modelled as a stall of the job), so it leaves ``confirms`` off and this empty.
         self.confirms = False
         self.transitions: dict[str, str] = {}
-        # Planned rounds (``actions.Rounds``): a backend that carries time-slicing rounds out
-        # itself (the simulator) sets ``fast_rounds``; the policy may then plan quiet servers'
-        # rounds ahead, and the state shows a plan's round 0 until the plan ends (``Thaw``,
-        # ``RoundsEnd``). server -> its plan
-        self.fast_rounds = False
-        self.planned: dict[int, A.Rounds] = {}
+        # A backend with no observer of every time-slicing round (the simulator, without its
+        # timeline or a controller) sets this: a policy may then put off rounds that would
+        # change nothing (``Wake`` later), and the results stay those of every round run
+        self.skip_quiet_rounds = False
         # GPUs whose jobs changed, for a watcher that takes them (a real backend's timeline:
         # it looks at these, not at every GPU, after each event); None: nobody watches
         self.touched: set[int] | None = None
@@ -270,8 +268,6 @@ class Cluster:
             self._join(event)
         elif isinstance(event, E.Confirmed):
             self.transitions.pop(event.job_id, None)
-        elif isinstance(event, E.RoundsEnd):
-            self._thaw(event.servers, event.round)
 
     def _join(self, event: E.Join) -> None:
         """Add a server whose GPUs are all free. Ids continue after every earlier server and
@@ -299,12 +295,6 @@ class Cluster:
     def apply(self, action: A.Action) -> None:
         """Carry out ``action`` on the state, or raise ``InvariantError`` leaving it unchanged."""
         if isinstance(action, A.Wake):
-            return
-        if isinstance(action, A.Rounds):
-            self._plan(action)
-            return
-        if isinstance(action, A.Thaw):
-            self._thaw(action.servers, action.round)
             return
         job = self.jobs.get(action.job_id)
         if job is None:
@@ -370,59 +360,6 @@ class Cluster:
             raise InvariantError(f"unknown action {action!r}")
         if self.confirms:
             self.transitions[job.id] = TRANSITION[type(action)]
-
-    # ---- planned rounds -----------------------------------------------------------------
-    def _plan(self, plan: A.Rounds) -> None:
-        if not self.fast_rounds:
-            raise InvariantError("Rounds: this backend carries out every round itself")
-        if any(s in self.planned for s in plan.servers):
-            raise InvariantError(f"Rounds: servers {plan.servers} already have planned rounds")
-        for i, jid in enumerate(plan.jobs):
-            job = self.jobs.get(jid)
-            if job is None or job.status not in (JobStatus.RUNNING, JobStatus.SUSPENDED):
-                raise InvariantError(f"Rounds: job {jid!r} is not running or suspended")
-            if job.gpus != plan.gpus[0][i]:
-                raise InvariantError(f"Rounds: round 0 of job {jid!r} is not where it runs")
-        for s in plan.servers:
-            self.planned[s] = plan
-
-    def _thaw(self, servers: tuple[int, ...], r: int) -> None:
-        """The state becomes the planned round ``r`` (attained service and suspends counted
-        as if each round had been carried out)."""
-        plan = self.planned.get(servers[0])
-        if plan is None:
-            return
-        for s in plan.servers:
-            del self.planned[s]
-        if r == 0:
-            return
-        jobs = [self.jobs[j] for j in plan.jobs]
-        ends = []
-        for i, job in enumerate(jobs):
-            held, since, attained, suspends = job.gpus, job.run_since, job.attained, job.suspends
-            for k in range(1, r + 1):
-                gpus = plan.gpus[k][i]
-                if gpus == held:
-                    continue
-                t = plan.start(k)
-                if held:
-                    attained = attained + (t - since) * len(held)
-                    since = None
-                    suspends += 1
-                if gpus:
-                    since = t
-                held = gpus
-            ends.append((held, since, attained, suspends))
-        for job in jobs:
-            self._stop(job)  # (its attained service is set from the rounds below)
-        for job, (held, since, attained, suspends) in zip(jobs, ends, strict=True):
-            if held:
-                self.suspended.pop(job.id, None)
-                self._start(job, held)
-            else:
-                job.status = JobStatus.SUSPENDED
-                self.suspended[job.id] = None
-            job.attained, job.run_since, job.suspends = attained, since, suspends
 
     # ---- internals ----------------------------------------------------------------------
     @staticmethod

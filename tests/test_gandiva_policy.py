@@ -7,9 +7,10 @@ from gandiva import actions as A
 from gandiva import events as E
 from gandiva.metrics import summarize
 from gandiva.policies import make_policy
+from gandiva.policies.gandiva import Gandiva
+from gandiva.policies.gandiva.admission import LasAdmission
 from gandiva.policies.gandiva.book import Book
 from gandiva.policies.gandiva.placement import choose_server
-from gandiva.policies.gandiva.timeslice import rebalance, rotate
 from gandiva.sim.engine import SimConfig, Simulator
 from gandiva.sim.perf import default_perf_model
 from gandiva.spec import JobSpec
@@ -39,10 +40,11 @@ def jcts(result):
 
 # ---- Algorithm 1: affinity placement -------------------------------------------------------
 
-def hand_state(spec: str, placed: dict[str, tuple[int, tuple[int, ...]]]):
-    """A cluster and book with jobs placed by hand: {job: (gpus requested, gpus)}."""
+def hand_state(spec: str, placed: dict[str, tuple[int, tuple[int, ...]]], policy=None):
+    """A cluster and book (``policy``'s, if given) with jobs placed by hand:
+    {job: (gpus requested, gpus)}."""
     c = Cluster.build(spec)
-    book = Book.of(c)
+    book = policy.attach(c) if policy is not None else Book.of(c)
     for i, (jid, (n, gpus)) in enumerate(placed.items()):
         c.observe(E.Arrival(i, JobSpec(jid, i, n, "resnet50", duration=1e6)))
         if gpus:
@@ -89,7 +91,7 @@ def test_multi_server_job_gets_whole_servers_of_one_rack():
 # ---- time-slicing --------------------------------------------------------------------------
 
 def test_oversubscribed_server_time_slices_with_the_quantum():
-    result, _ = run("1x1", "gandiva:-pack:slice_order=roundrobin", job("a", 0, 1, 600),
+    result, _ = run("1x1", "gandiva:-packing:slices.order=roundrobin", job("a", 0, 1, 600),
                     job("b", 10, 1, 600))
     # b waits for the next round (rounds fall on multiples of the 60 s quantum), then a and
     # b alternate every 60 s
@@ -104,22 +106,21 @@ def test_oversubscribed_server_time_slices_with_the_quantum():
 
 
 def test_suspend_delay_is_charged_back_to_the_resumed_job():
-    c, book = hand_state("1x1", {"a": (1, (0,)), "b": (1, ())})
     p = make_policy("gandiva")
-    p.book = book
+    c, book = hand_state("1x1", {"a": (1, (0,)), "b": (1, ())}, policy=p)
     book.assign(c.jobs["b"], (0,))
     c.apply(A.Suspend("a"))
     c.jobs["a"].memory_gb = 10.0
     book.last_start["b"] = 0.0
     c.now = 60.0
-    for action in rotate(p, c, {0}, tick=True):
+    for action in p.slicing.rotate(c, {0}, tick=True):
         c.apply(action)
     assert c.jobs["a"].status.value == "running"  # a had the GPU least recently (never: -inf)
     assert book.last_start["a"] == pytest.approx(60.0 - (0.05 + 0.06 * 10.0))
 
 
 def test_gang_is_suspended_and_resumed_whole():
-    result, _ = run("1x2", "gandiva:-pack:-keep_turn_in_level", job("g", 0, 2, 300),
+    result, _ = run("1x2", "gandiva:-packing:-slices.keep_turn", job("g", 0, 2, 300),
                     job("h", 5, 2, 300))
     for _, a in acts(result, A.Resume, "g"):
         assert len(a.gpus) == 2
@@ -131,7 +132,7 @@ def test_gang_is_suspended_and_resumed_whole():
 def test_gang_wider_than_a_server_time_slices_across_its_servers():
     # a and b fill both 2-GPU servers; the 4-GPU gang g over-subscribes both and takes its
     # turn on both at the next round, instead of waiting for them to empty
-    result, sim = run("2x2", "gandiva:-pack:-keep_turn_in_level", job("a", 0, 2, 600),
+    result, sim = run("2x2", "gandiva:-packing:-slices.keep_turn", job("a", 0, 2, 600),
                       job("b", 0, 2, 600), job("g", 10, 4, 300))
     (t, place), = acts(result, A.Place, "g")
     assert t == pytest.approx(60) and servers(sim.cluster, place) == {0, 1}
@@ -149,12 +150,12 @@ def test_a_gang_takes_only_the_gpus_it_uses_on_its_servers_and_a_narrow_job_has_
     # servers whole, g's turn at a round suspends n and leaves 2 GPUs idle
     trace = (job("g", 0, 6, 500), job("n", 10, 2, 400), job("x", 20, 1, 600),
              job("y", 30, 1, 600))  # (g stays under the first level: 3,600 GPU-s)
-    result, sim = run("2x4+1x1", "gandiva:-pack:gang_shares", *trace)
+    result, sim = run("2x4+1x1", "gandiva:-packing:gangs.share=used", *trace)
     (_, place), = acts(result, A.Place, "g")
     assert sorted(len(sim.cluster.nodes[s].gpus) for s in servers(sim.cluster, place)) == [4, 4]
     assert acts(result, A.Suspend, "g") == acts(result, A.Suspend, "n") == []
     assert jcts(result)["g"] == pytest.approx(500) and jcts(result)["n"] == pytest.approx(400)
-    result, _ = run("2x4+1x1", "gandiva:-pack:-gang_shares", *trace)
+    result, _ = run("2x4+1x1", "gandiva:-packing:gangs.share=whole", *trace)
     assert [t for t, _ in acts(result, A.Suspend, "n")][0] == pytest.approx(60)
     assert jcts(result)["n"] > 400
 
@@ -164,12 +165,12 @@ def test_a_waiting_job_takes_its_turn_off_a_running_gangs_servers_where_there_is
     # server 0. At its first turn it takes one GPU: on server 0 that stops all of g, on
     # server 2 (no gang's home) only y
     trace = (job("g", 0, 8, 3000), job("y", 1, 4, 3000), job("w", 1000, 1, 300))
-    result, sim = run("3x4", "gandiva:-pack:spare_gangs", *trace)
+    result, sim = run("3x4", "gandiva:-packing:balance.spare_gangs", *trace)
     (t, place), = acts(result, A.Place, "w")
     assert t == pytest.approx(1020) and servers(sim.cluster, place) == {2}
     assert acts(result, A.Suspend, "g") == []
     assert [t for t, _ in acts(result, A.Suspend, "y")] == [pytest.approx(1020)]
-    result, sim = run("3x4", "gandiva:-pack:-spare_gangs", *trace)
+    result, sim = run("3x4", "gandiva:-packing:-balance.spare_gangs", *trace)
     (t, place), = acts(result, A.Place, "w")
     assert t == pytest.approx(1020) and servers(sim.cluster, place) == {0}
     assert [t for t, _ in acts(result, A.Suspend, "g")] == [pytest.approx(1020)]
@@ -180,10 +181,9 @@ def test_a_waiting_gang_with_no_room_at_home_takes_the_gpus_a_round_leaves_idle(
     # g (8 GPUs, less service than w) runs on servers 0 and 1, where w (8 GPUs) waits. x, a
     # gang with more service, waits on servers 2 and 3, but y takes a GPU of server 3 for its
     # first turn: x does not fit, and servers 2 and 4 would sit idle through the round
+    p = make_policy(f"gandiva:{'' if idle_to_gangs else '-'}balance.idle_to_gangs")
     c, book = hand_state("5x4", {"g": (8, tuple(range(8))), "w": (8, ()), "x": (8, ()),
-                                 "y": (1, ())})
-    p = make_policy(f"gandiva:{'' if idle_to_gangs else '-'}idle_to_gangs")
-    p.book = book
+                                 "y": (1, ())}, policy=p)
     for jid, home, served in (("w", (0, 1), 40_000.0), ("x", (2, 3), 50_000.0),
                               ("y", (3,), 0.0)):
         book.assign(c.jobs[jid], home)
@@ -193,7 +193,7 @@ def test_a_waiting_gang_with_no_room_at_home_takes_the_gpus_a_round_leaves_idle(
     book.last_start["g"] = 0.0
     c.now = 600.0  # g: 4,800 GPU-seconds
     every = set(range(5))
-    decided = list(rotate(p, c, every, tick=True, ready=rebalance(p, c, every)))
+    decided = list(p.slicing.rotate(c, every, tick=True, ready=p.slicing.rebalance(c, every)))
     placed = {a.job_id: servers(c, a) for a in decided if isinstance(a, A.Place | A.Resume)}
     if idle_to_gangs:  # on the servers no gang calls home first, then the roomiest
         assert placed == {"y": {3}, "w": {2, 4}}
@@ -205,7 +205,7 @@ def test_a_waiting_gang_with_no_room_at_home_takes_the_gpus_a_round_leaves_idle(
 
 
 def test_narrow_job_takes_turns_with_a_running_gang():
-    result, _ = run("2x2", "gandiva:-pack:slice_order=roundrobin", job("g", 0, 4, 1000),
+    result, _ = run("2x2", "gandiva:-packing:slices.order=roundrobin", job("g", 0, 4, 1000),
                     job("c", 10, 1, 300))
     (t, _), = acts(result, A.Place, "c")
     assert t == pytest.approx(60)
@@ -219,14 +219,14 @@ def test_priority_is_never_inverted():
     assert acts(result, A.Suspend, "high") == []
     assert jcts(result)["high"] == pytest.approx(600)
     # a higher-priority newcomer takes the GPU at the next round
-    result, _ = run("1x1", "gandiva:-pack", job("low", 0, 1, 600),
+    result, _ = run("1x1", "gandiva:-packing", job("low", 0, 1, 600),
                     job("high", 10, 1, 300, priority=5))
     (t, _), = acts(result, A.Suspend, "low")
     assert t == pytest.approx(60) and acts(result, A.Suspend, "high") == []
 
 
 def test_priority_change_while_running_takes_effect_at_once():
-    result, _ = run("1x1", "gandiva:-pack:quantum=1000", job("a", 0, 1, 600, priority=1),
+    result, _ = run("1x1", "gandiva:-packing:quantum=1000", job("a", 0, 1, 600, priority=1),
                     job("b", 10, 1, 600), priority_changes=[(100.0, "b", 9)])
     (t, _), = acts(result, A.Suspend, "a")
     assert t == pytest.approx(100)
@@ -236,7 +236,7 @@ def test_priority_change_while_running_takes_effect_at_once():
 def test_priority_changes_at_one_instant_are_carried_out_together():
     # a controller (a sweep promoting its top trials) raises b, then c above it, at once:
     # c takes the GPU; b, outranked before it ran a mini-batch, is not started and stopped
-    result, _ = run("1x1", "gandiva:-pack:quantum=1000", job("a", 0, 1, 600),
+    result, _ = run("1x1", "gandiva:-packing:quantum=1000", job("a", 0, 1, 600),
                     job("b", 10, 1, 600), job("c", 20, 1, 600),
                     priority_changes=[(100.0, "b", 1), (100.0, "c", 2)])
     assert [t for t, _ in acts(result, A.Suspend, "a")] == [pytest.approx(100)]
@@ -246,13 +246,12 @@ def test_priority_changes_at_one_instant_are_carried_out_together():
 
 
 def test_lower_priority_job_migrates_away_instead_of_stopping():
-    c, book = hand_state("2x1", {"low": (1, (0,)), "high": (1, ())})
     p = make_policy("gandiva")
-    p.book = book
+    c, book = hand_state("2x1", {"low": (1, (0,)), "high": (1, ())}, policy=p)
     c.jobs["high"].priority = 5
     book.assign(c.jobs["high"], (0,))
     decided = []
-    for action in rotate(p, c, {0}, tick=True):
+    for action in p.slicing.rotate(c, {0}, tick=True):
         c.apply(action)
         decided.append(action)
     assert decided == [A.Migrate("low", (1,)), A.Place("high", (0,))]
@@ -262,7 +261,7 @@ def test_lower_priority_job_migrates_away_instead_of_stopping():
 
 def test_packing_kept_when_it_beats_time_slicing():
     # (without keep_turn_in_level b, which takes the GPU for its first turn, is the guest)
-    result, _ = run("1x1:P40", "gandiva:-keep_turn_in_level", job("a", 0, 1, 900, model="vae"),
+    result, _ = run("1x1:P40", "gandiva:-slices.keep_turn", job("a", 0, 1, 900, model="vae"),
                     job("b", 10, 1, 900, model="vae"))
     assert acts(result, A.Pack, "b")
     assert acts(result, A.Unpack) == []
@@ -276,14 +275,14 @@ def test_a_packed_pair_stays_packed_through_the_rounds_its_gpu_mate_runs_on_if_n
     round only for packing to pack it again (a suspend and a resume each quantum)."""
     specs = (job("x", 0, 1, 1800, model="inception4"), job("a", 5, 1, 1800, model="vae"),
              job("y", 10, 1, 1800, model="inception4"), job("b", 15, 1, 1800, model="vae"))
-    result, _ = run("2x1:K80", "gandiva:-keep_turn_in_level", *specs)
+    result, _ = run("2x1:K80", "gandiva:-slices.keep_turn", *specs)
     (t_pack, _), = acts(result, A.Pack, "b")  # once b has run alone (its profile)
     # until x reaches its next attained-service level (one GPU-hour), the rounds change
     # nothing, and go on
     assert t_pack < 600 and [t for t, _ in acts(result, A.Wake) if t_pack < t < 3600]
     assert [t for t, _ in acts(result, A.Suspend, "b") if t_pack < t < 3600] == []
     # but not beside a job of higher priority: raised, a slows down for nobody below it
-    raised, _ = run("2x1:K80", "gandiva:-keep_turn_in_level", *specs,
+    raised, _ = run("2x1:K80", "gandiva:-slices.keep_turn", *specs,
                     priority_changes=[(300.0, "a", 5)])
     assert [t for t, _ in acts(raised, A.Suspend, "b") if t_pack < t < 3600] == [300.0]
     assert len(acts(raised, A.Pack, "b")) == 1
@@ -302,13 +301,13 @@ def test_a_waiting_job_is_never_packed_onto_a_job_of_higher_priority():
 
 
 def test_packing_undone_when_it_does_not_pay():
-    result, sim = run("1x1:P40", "gandiva:-keep_turn_in_level", job("a", 0, 1, 900, model="lstm"),
+    result, sim = run("1x1:P40", "gandiva:-slices.keep_turn", job("a", 0, 1, 900, model="lstm"),
                       job("b", 10, 1, 900, model="lstm"))
     (t_pack, _), = acts(result, A.Pack, "b")
     (t_unpack, _), = acts(result, A.Unpack, "b")
     assert t_unpack > t_pack
-    assert frozenset({"a", "b"}) in sim.policy.bad_pairs
-    assert sim.policy.pack_gains[0] < 1.0
+    assert frozenset({"a", "b"}) in sim.policy.packing.bad_pairs
+    assert sim.policy.packing.gains[0] < 1.0
 
 
 def test_a_packed_job_takes_a_gpu_that_stays_free_on_another_server():
@@ -325,7 +324,7 @@ def test_a_packed_job_takes_a_gpu_that_stays_free_on_another_server():
     (t, _), = acts(spread, A.Unpack, "e")
     assert t == pytest.approx(finish["a"] + 60)
     assert [(u, a.gpus) for u, a in acts(spread, A.Resume, "e")] == [(t, (0,))]
-    packed, _ = run("2x2:P40", "gandiva:-spread_packed", *jobs)
+    packed, _ = run("2x2:P40", "gandiva:-packing.spread", *jobs)
     (t, _), = acts(packed, A.Unpack, "e")
     assert t > 3000
     for j in ("c", "e"):
@@ -348,42 +347,6 @@ def test_a_packed_job_leaves_a_freed_gpu_to_a_newcomer_and_an_empty_server_empty
     alone, _ = run("2x1:P40", "gandiva", job("a", 0, 1, 600, model="vae"),
                    job("c", 1, 1, 3000, model="vae"), job("b", 10, 1, 3000, model="vae"))
     assert acts(alone, A.Pack, "c") and acts(alone, A.Unpack) == []
-
-
-def test_under_pack_rule_jct_a_pair_that_only_beats_time_slicing_is_undone():
-    """Two equal milstm jobs packed on a P40 each run at 0.59 of their speed alone: 1.19 in
-    all, which beats time-slicing (the paper's rule, "gain", keeps them), but both end later
-    than one after the other would. "jct" undoes the pair and the mean JCT drops."""
-    pair = (job("a", 0, 1, 1800, model="milstm"), job("b", 10, 1, 1800, model="milstm"))
-    kept, _ = run("1x1:P40", "gandiva:-keep_turn_in_level", *pair)
-    undone, sim = run("1x1:P40", "gandiva:pack_rule=jct:-keep_turn_in_level", *pair)
-    assert acts(kept, A.Pack, "b") and acts(kept, A.Unpack) == []
-    assert acts(undone, A.Pack, "b") and acts(undone, A.Unpack, "b")
-    assert 1.05 < sim.policy.pack_gains[0] < 4 / 3
-    assert sum(jcts(undone).values()) < 0.95 * sum(jcts(kept).values())
-
-
-@pytest.mark.parametrize("newcomer, host, queued, pays", [
-    (0.9, 0.5, 0, True), (0.5, 0.9, 0, False), (0.66, 0.66, 0, False), (0.72, 0.72, 0, True),
-    (0.66, 0.66, 4, True), (0.5, 0.9, 4, True), (0.55, 0.5, 4, False)])
-def test_pack_rule_jct_weighs_the_shorter_jobs_rate_and_the_queue_behind_the_pair(
-        newcomer, host, queued, pays):
-    """Under "jct" a pair pays when ``2 r_less + r_more + k (r_less + r_more)`` passes
-    ``(2 + k)(1 + pack_min_gain)``: r_less is the rate of the job with less attained service
-    (LAS's guess at the shorter), k the jobs waiting per GPU (here 0, or 4 on 2 GPUs)."""
-    from gandiva.policies.gandiva.packing import pays as pair_pays
-
-    c = Cluster.build("2x1")
-    for i, jid in enumerate(("host", "new", *(f"q{n}" for n in range(queued)))):
-        c.observe(E.Arrival(0.0, JobSpec(jid, 0.0, 1, "resnet50", duration=1e6)))
-        if i < 2:
-            c.apply(A.Place(jid, (i,)))
-    c.jobs["host"].attained = 3600.0
-    p = make_policy("gandiva:pack_rule=jct")
-    assert pair_pays(p, c, (c.jobs["new"], c.jobs["host"]), [newcomer, host]) is pays
-    assert pair_pays(p, c, (c.jobs["host"], c.jobs["new"]), [host, newcomer]) is pays
-    with pytest.raises(ValueError, match="pack_rule must be one of gain, jct"):
-        make_policy("gandiva:pack_rule=sum")
 
 
 def test_no_packing_when_memory_does_not_fit():
@@ -410,14 +373,15 @@ def test_defragmentation_empties_a_server_for_a_waiting_gang():
     small = [job(n, i, 1, 5000 if n in "abef" else 100, model="vae")
              for i, n in enumerate("abcdefgh")]
     # without over-subscription the 4-GPU job must wait for a whole server
-    result, sim = run("2x4", "gandiva:-oversubscribe", *small, job("big", 200, 4, 1000))
+    result, sim = run("2x4", "gandiva:-placement.oversubscribe", *small, job("big", 200, 4, 1000))
     moves = acts(result, A.Migrate)
     assert {a.job_id for _, a in moves} == {"a", "b"}  # s0's survivors move to s1
     (t, place), = acts(result, A.Place, "big")
     assert t == pytest.approx(200 + 300)  # at the first defragmentation round
     assert servers(sim.cluster, place) == {0}
     # without defragmentation the gang waits for the long jobs
-    result, _ = run("2x4", "gandiva:-oversubscribe:-defrag", *small, job("big", 200, 4, 1000))
+    result, _ = run("2x4", "gandiva:-placement.oversubscribe:-defrag", *small,
+                    job("big", 200, 4, 1000))
     (t, _), = acts(result, A.Place, "big")
     assert t > 4000
 
@@ -436,17 +400,6 @@ def test_grow_after_idle_timeout_then_shrink_at_once_for_new_work():
     assert jcts(result)["n"] == pytest.approx(100)
     # growing made the elastic job finish sooner than its 4,000 s alone on one GPU
     assert jcts(result)["e"] < 4000
-
-
-def test_steps_switch_off_one_at_a_time():
-    p = make_policy("gandiva:-pack:-migrate:quantum=30:slice_order=las")
-    assert (p.pack, p.migrate, p.defrag, p.quantum, p.slice_order) == (
-        False, False, True, 30.0, "las")
-    with pytest.raises(ValueError, match="slice_order"):
-        make_policy("gandiva:slice_order=random")
-    for bad in ("0.5", "1.01", "inf", "nan"):
-        with pytest.raises(ValueError, match="level_step must be 1 .* or from 1.197"):
-            make_policy(f"gandiva:level_step={bad}")
 
 
 # ---- failures ------------------------------------------------------------------------------
@@ -498,15 +451,16 @@ def test_a_time_sliced_gang_moves_whole_onto_a_joining_server():
     assert p.book.height(0) == p.book.height(1) == p.book.height(2) == 1.0
 
 
-@pytest.mark.parametrize("policy", ["gandiva:max_height=1", "gandiva:-oversubscribe"])
+@pytest.mark.parametrize("policy", ["gandiva:placement.max_height=1",
+                                    "gandiva:-placement.oversubscribe"])
 def test_jobs_that_found_no_server_start_on_a_joining_one(policy):
     sched, _ = drive("1x1", policy, E.Arrival(0.0, job("a", 0, 1, 1000)),
                      E.Arrival(1.0, job("b", 1, 1, 1000)))
-    assert "b" in sched.policy.unassigned
+    assert "b" in sched.policy.waiting
     sched.handle(E.Join(10.0, 1, "V100", 16.0))
     b = sched.cluster.jobs["b"]
     assert b.status is JobStatus.RUNNING and sched.cluster.servers_of(b.gpus) == {1}
-    assert "b" not in sched.policy.unassigned and sched.policy.book.home["b"] == (1,)
+    assert "b" not in sched.policy.waiting and sched.policy.book.home["b"] == (1,)
 
 
 def test_the_book_covers_a_server_that_joined_before_the_first_decision():
@@ -545,23 +499,23 @@ def test_the_books_gang_index_names_on_each_server_exactly_its_members_that_span
 
 def test_full_cluster_admits_a_newcomer_in_place_of_the_most_served_job():
     trace = (job("old", 0, 1, 10_000), job("new", 5000, 1, 600))
-    result, _ = run("1x1", "gandiva:max_height=1:las_admission", *trace)
+    result, _ = run("1x1", "gandiva:placement.max_height=1:admission.rule=las", *trace)
     (t, _), = acts(result, A.Suspend, "old")
     (t_new, _), = acts(result, A.Place, "new")
     assert t == t_new == pytest.approx(5000)
     assert jcts(result)["new"] == pytest.approx(600)
     # the paper's behaviour: the newcomer queues until the long job is done
-    result, _ = run("1x1", "gandiva:max_height=1:-las_admission", *trace)
+    result, _ = run("1x1", "gandiva:placement.max_height=1:admission.rule=queue", *trace)
     assert acts(result, A.Suspend) == []
     assert jcts(result)["new"] == pytest.approx(5000 + 600)
 
 
 def test_no_displacement_between_jobs_of_similar_age_or_of_higher_priority():
     young = (job("a", 0, 1, 10_000), job("b", 1000, 1, 600))  # a has only 1,000 GPU-s more
-    result, _ = run("1x1", "gandiva:max_height=1:las_admission", *young)
+    result, _ = run("1x1", "gandiva:placement.max_height=1:admission.rule=las", *young)
     assert acts(result, A.Suspend) == []
     vip = (job("a", 0, 1, 10_000, priority=3), job("b", 5000, 1, 600))
-    result, _ = run("1x1", "gandiva:max_height=1:las_admission", *vip)
+    result, _ = run("1x1", "gandiva:placement.max_height=1:admission.rule=las", *vip)
     assert acts(result, A.Suspend) == []
 
 
@@ -569,7 +523,7 @@ def test_a_big_gang_with_no_place_sends_back_just_enough_long_served_jobs_to_get
     # every server is at max_height: the gang at the head sends back the most served job of
     # each server it needs (the head may pass the cap by one GPU), not every job on them
     small = [job(f"s{i}", 0, 1, 20_000) for i in range(8)]
-    result, sim = run("2x4", "gandiva:max_height=1:las_admission", *small,
+    result, sim = run("2x4", "gandiva:placement.max_height=1:admission.rule=las", *small,
                       job("gang", 5000, 8, 400))  # (under the first level: 3,600 GPU-s)
     sent_back = [a.job_id for t, a in acts(result, A.Suspend) if t == pytest.approx(5000)]
     assert len(sent_back) == 2
@@ -581,7 +535,7 @@ def test_a_big_gang_with_no_place_sends_back_just_enough_long_served_jobs_to_get
 
 def test_a_long_served_gang_sent_back_for_a_newcomer_gang_leaves_all_its_servers():
     trace = (job("old", 0, 8, 20_000), job("new", 5000, 8, 1000))
-    result, _ = run("2x4", "gandiva:max_height=1:las_admission", *trace)
+    result, _ = run("2x4", "gandiva:placement.max_height=1:admission.rule=las", *trace)
     (t, _), = acts(result, A.Suspend, "old")
     (t_new, place), = acts(result, A.Place, "new")
     assert t == t_new == pytest.approx(5000) and len(place.gpus) == 8
@@ -595,7 +549,7 @@ def test_a_newcomer_displaces_a_long_served_job_of_its_width_on_a_server_of_anot
     # affinity found no victim in 731,806 tries on gavel-philly-6c71a0 (long queue)
     trace = (job("wide", 0, 2, 40_000), job("old1", 10, 1, 40_000), job("old2", 20, 1, 40_000),
              job("new", 20_000, 1, 600))
-    result, _ = run("1x4", "gandiva:max_height=1:las_admission", *trace)
+    result, _ = run("1x4", "gandiva:placement.max_height=1:admission.rule=las", *trace)
     (t_new, _), = acts(result, A.Place, "new")
     assert t_new == pytest.approx(20_000)
     (t_old, _), = [a for a in acts(result, A.Suspend) if a[1].job_id.startswith("old")][:1]
@@ -608,7 +562,7 @@ def test_a_big_gang_with_a_place_under_max_height_takes_its_turns_there_and_clea
     # with room to over-subscribe, the gang time-slices as any job does: clearing servers is
     # for when there is no place at all (it changed short-queue cells where places abound)
     small = [job(f"s{i}", 0, 1, 20_000) for i in range(8)]
-    result, _ = run("2x4", "gandiva:max_height=2:las_admission", *small,
+    result, _ = run("2x4", "gandiva:placement.max_height=2:admission.rule=las", *small,
                     job("gang", 5000, 8, 1000))
     (t, _), = acts(result, A.Place, "gang")
     assert t > 5000  # at its first round, not at its arrival
@@ -633,30 +587,20 @@ def busy_jobs(trace_name: str, count: int, faster: float = 4):
 @pytest.mark.parametrize("trace_name,cluster,count", [("philly", "4x4", 600),
                                                       ("pollux-1", "4x4", 160)])
 def test_an_arrival_after_a_scan_that_placed_nothing_decides_exactly_as_a_full_rescan(
-        trace_name, cluster, count):
+        trace_name, cluster, count, monkeypatch):
     """Starting an arrival's scan at the newcomer (the jobs before it just failed in the
     same state) changes no decision: the same actions at the same times, the same JCTs."""
     jobs = busy_jobs(trace_name, count)
-    policy = type(make_policy("gandiva"))
-    shortcuts = []
 
-    class Counted(policy):
-        def _place_waiting(self, cluster, arrived=None):
-            if arrived is not None and self._stuck:
-                shortcuts.append(arrived.id)
-            return super()._place_waiting(cluster, arrived)
+    def simulate():  # (the shortcut is off with admission.rule=las, the default)
+        policy = make_policy("gandiva:admission.rule=queue")
+        result = Simulator(Cluster.build(cluster), policy, jobs, reference_gpu="V100").run()
+        return result, policy.scans_from_arrival
 
-    class FullRescan(policy):
-        def _place_waiting(self, cluster, arrived=None):
-            return super()._place_waiting(cluster, None)
-
-    def simulate(policy):
-        return Simulator(Cluster.build(cluster), policy, jobs, reference_gpu="V100").run()
-
-    # (the shortcut is off with las_admission, the default)
-    fast = simulate(Counted(las_admission=False))
-    full = simulate(FullRescan(las_admission=False))
-    assert len(shortcuts) > count // 5  # the queue was long: the shortcut was taken often
+    fast, shortcuts = simulate()
+    monkeypatch.setattr(Gandiva, "SCAN_FROM_ARRIVAL", False)
+    full, none = simulate()
+    assert shortcuts > count // 5 and none == 0  # the queue was long: taken often
     assert fast.actions == full.actions
     assert jcts(fast) == jcts(full)
 
@@ -668,30 +612,25 @@ def test_a_scan_that_found_no_job_to_send_back_for_a_width_decides_as_one_that_l
     """Within a scan of the queue, a job finds no job to send back (``displace``) where one
     before it of its width, no lower priority and no more service, found none, until a job is
     placed: skipping the look changes no decision, and saves most looks."""
-    from gandiva.policies.gandiva import admission
-
     jobs = busy_jobs(trace_name, count)
-    policy = type(make_policy("gandiva"))
     looks = []
-    real = admission.most_served
+    real = LasAdmission.most_served
 
-    def counted(p, cluster, job, floor):
+    def counted(self, cluster, job, floor):
         looks.append(job.id)
-        return real(p, cluster, job, floor)
+        return real(self, cluster, job, floor)
 
-    monkeypatch.setattr(admission, "most_served", counted)
+    monkeypatch.setattr(LasAdmission, "most_served", counted)
 
-    class LooksAgain(policy):
-        def _place(self, cluster, job, first=False):
-            self.no_victim.clear()
-            return super()._place(cluster, job, first)
-
-    def simulate(policy):
+    def simulate():
         looks.clear()
-        result = Simulator(Cluster.build(cluster), policy, jobs, reference_gpu="V100").run()
+        result = Simulator(Cluster.build(cluster), make_policy("gandiva"), jobs,
+                           reference_gpu="V100").run()
         return result, len(looks)
 
-    (memo, n_memo), (full, n_full) = simulate(policy()), simulate(LooksAgain())
+    memo, n_memo = simulate()
+    monkeypatch.setattr(LasAdmission, "REMEMBER_NO_VICTIM", False)
+    full, n_full = simulate()
     assert n_memo < n_full / 2
     assert memo.actions == full.actions
     assert jcts(memo) == jcts(full)
@@ -794,7 +733,8 @@ def test_slices_by_level_give_each_newcomer_a_turn_at_once_then_run_one_level_fi
     as soon as it would alone after its start, but for the second's first turn."""
     jobs = (job("long", 0, 1, 36_000), job("b", 7_200, 1, 600), job("c", 7_230, 1, 600))
     for order in ("levels", "roundrobin"):
-        result, _ = run("1x1", f"gandiva:-pack:slice_order={order}:-keep_turn_in_level", *jobs)
+        result, _ = run("1x1", f"gandiva:-packing:slices.order={order}"
+                        + (":-slices.keep_turn" if order == "levels" else ""), *jobs)
         rec = {r.spec.id: r for r in result.jobs}
         assert rec["b"].start <= 7_260.0  # at the first round after its arrival
         assert rec["c"].first_feedback <= 7_320.0 + 60
@@ -810,9 +750,9 @@ def test_slices_by_level_give_each_newcomer_a_turn_at_once_then_run_one_level_fi
 
     trace = load_trace("gavel-philly-23dbec")
     mean = {p: summarize(simulate(trace, p, cluster="2x4:V100"))["mean_jct_s"]
-            for p in ("las", "gandiva:slice_order=roundrobin", "gandiva:slice_order=levels")}
-    assert mean["gandiva:slice_order=levels"] < 0.8 * mean["gandiva:slice_order=roundrobin"]
-    assert mean["gandiva:slice_order=levels"] < 1.02 * mean["las"]  # (0.965 of it)
+            for p in ("las", "gandiva:slices.order=roundrobin", "gandiva:slices.order=levels")}
+    assert mean["gandiva:slices.order=levels"] < 0.8 * mean["gandiva:slices.order=roundrobin"]
+    assert mean["gandiva:slices.order=levels"] < 1.02 * mean["las"]  # (0.965 of it)
 
 
 def test_a_job_keeps_its_turn_against_the_jobs_waiting_in_its_own_level():
@@ -820,10 +760,10 @@ def test_a_job_keeps_its_turn_against_the_jobs_waiting_in_its_own_level():
     turn, and then keeps it till it ends, as a would have under LAS, instead of a taking it
     back at the next round and b waiting for a's whole first level (an hour)."""
     jobs = (job("a", 0, 1, 7_200), job("b", 10, 1, 300))
-    held, _ = run("1x1", "gandiva:-pack:keep_turn_in_level", *jobs)
+    held, _ = run("1x1", "gandiva:-packing:slices.keep_turn", *jobs)
     assert [t for t, _ in acts(held, A.Suspend)] == [pytest.approx(60)]  # a, for b
     assert jcts(held)["b"] == pytest.approx(60 - 10 + 300, abs=1)
-    fcfs, _ = run("1x1", "gandiva:-pack:-keep_turn_in_level", *jobs)
+    fcfs, _ = run("1x1", "gandiva:-packing:-slices.keep_turn", *jobs)
     assert [(t, a.job_id) for t, a in acts(fcfs, A.Suspend)][:2] == [
         (pytest.approx(60), "a"), (pytest.approx(120), "b")]
     assert jcts(fcfs)["b"] > 3_600
@@ -836,12 +776,12 @@ def test_past_tiresias_levels_a_job_holds_its_turn_till_its_service_grows_by_lev
     one, and a and b, with less service, go first. With no levels beyond Tiresias'
     (``level_step=1``) c would hold its turn to its end, ahead of the jobs there before it."""
     jobs = (job("a", 0, 4, 20_000), job("b", 0, 4, 20_000), job("c", 10_000, 8, 20_000))
-    levels, _ = run("2x4", "gandiva:-pack", *jobs)
+    levels, _ = run("2x4", "gandiva:-packing", *jobs)
     (t, _), = acts(levels, A.Suspend, "c")
     assert t == pytest.approx(10_020 + 36_000 * 10 ** 0.5 / 8, abs=60)
     finish = {r.spec.id: r.finish for r in levels.jobs}
     assert finish["a"] < finish["c"] and finish["b"] < finish["c"]
-    held, _ = run("2x4", "gandiva:-pack:level_step=1", *jobs)
+    held, _ = run("2x4", "gandiva:-packing:slices.level_step=1", *jobs)
     assert acts(held, A.Suspend, "c") == []
     finish = {r.spec.id: r.finish for r in held.jobs}
     assert finish["c"] < finish["a"] and finish["c"] < finish["b"]
@@ -852,8 +792,6 @@ def test_one_slice_order_across_servers_moves_a_waiting_job_where_it_ranks_high_
     GPU-hour); server 1 runs c, past 1 GPU-hour. In one slice order across both servers b
     ranks above c, so b's home becomes server 1 (c is suspended there at the round), and a,
     running, keeps its server. Without ``balance`` each server keeps its own order."""
-    from gandiva.policies.gandiva.timeslice import rebalance
-
     c = Cluster.build("2x1")
     c.observe(E.Arrival(0.0, JobSpec("c", 0.0, 1, "resnet50", duration=1e6)))
     c.apply(A.Place("c", (1,)))
@@ -865,15 +803,15 @@ def test_one_slice_order_across_servers_moves_a_waiting_job_where_it_ranks_high_
     c.apply(A.Place("a", (0,)))
     c.observe(E.Tick(4_120.0))
     p = make_policy("gandiva")
-    assert p.balance and p.slice_order == "levels"  # the defaults
-    p.book = Book.of(c)
+    assert p.config.balance.enabled and p.config.slices.order == "levels"  # the defaults
+    p.attach(c)
     p.book.assign(c.jobs["c"], (1,))
     for jid in ("a", "b"):
         p.book.assign(c.jobs[jid], (0,))
     p.book.last_start.update(c=0.0, b=4_000.0, a=4_060.0)
-    rebalance(p, c, {0, 1})
+    p.slicing.rebalance(c, {0, 1})
     assert p.book.home == {"c": (1,), "a": (0,), "b": (1,)}
-    actions = list(rotate(p, c, {0, 1}, tick=True))
+    actions = list(p.slicing.rotate(c, {0, 1}, tick=True))
     assert [(type(x).__name__, x.job_id) for x in actions] == [("Suspend", "c"),
                                                                ("Resume", "b")]
 
@@ -888,8 +826,8 @@ def test_the_slice_order_spans_servers_that_do_not_time_slice_with_balance_all(s
     and b's turns while old keeps its server."""
     jobs = (job("old", 0, 2, 36_000), job("a", 7_200, 1, 3_600), job("b", 7_200, 1, 3_600),
             job("c", 7_200, 1, 3_600))
-    result, sim = run("2x2", "gandiva:-pack:-keep_turn_in_level" + (":balance_all=true" if spread
-                                                                      else ":balance_all=false"),
+    servers_ = "all" if spread else "rotating"
+    result, sim = run("2x2", f"gandiva:-packing:-slices.keep_turn:balance.servers={servers_}",
                       *jobs)
     jct = jcts(result)
     c_places = acts(result, A.Place, "c")
@@ -903,44 +841,24 @@ def test_the_slice_order_spans_servers_that_do_not_time_slice_with_balance_all(s
         assert jct["c"] > 7_000
 
 
-def test_slices_go_round_robin_while_jobs_wait_for_a_place_on_a_server():
-    """``queue_roundrobin`` (off by default since las_admission gives places back): with c
-    queued (the one server is at max_height), a and b share the GPU a quantum each, so that
-    places keep moving; without it, a (first come, same level) keeps the GPU once b has had
-    its first turn."""
-    jobs = (job("a", 0, 1, 36_000), job("b", 10, 1, 36_000), job("c", 100, 1, 600))
-    for on in (True, False):
-        flag = ":queue_roundrobin" if on else ":-queue_roundrobin"
-        result, _ = run("1x1", "gandiva:-pack:-las_admission:max_height=2:-keep_turn_in_level"
-                        + flag, *jobs)
-        assert not acts(result, A.Place, "c") or acts(result, A.Place, "c")[0][0] > 600
-        early = [(t, a.job_id) for t, a in acts(result, A.Suspend) if t <= 600]
-        if on:
-            assert {j for _, j in early} == {"a", "b"} and len(early) >= 8
-        else:
-            assert early == [(pytest.approx(60), "a"), (pytest.approx(120), "b")]
-
-
 def test_a_round_over_a_server_whose_gang_reaches_beyond_the_round_leaves_that_gang_be():
     """Gangs chain servers: g1 runs on servers 0 and 1, g2 waits for servers 1 and 2. A round
     on server 0 decides over servers 0 and 1 only; g2, with server 2 outside it, can take no
     turn in it, and nothing moves (this raised a KeyError in ``rebalance`` on the Philly
     list)."""
-    from gandiva.policies.gandiva.timeslice import rebalance
-
     c = Cluster.build("3x4")
     for jid in ("g1", "g2"):
         c.observe(E.Arrival(0.0, JobSpec(jid, 0.0, 8, "resnet50", duration=1e6)))
     c.apply(A.Place("g1", tuple(range(8))))
     c.observe(E.Tick(60.0))
     p = make_policy("gandiva")
-    p.book = Book.of(c)
+    p.attach(c)
     p.book.assign(c.jobs["g1"], (0, 1))
     p.book.assign(c.jobs["g2"], (1, 2))
     p.book.last_start["g1"] = 0.0
-    rebalance(p, c, {0})
+    p.slicing.rebalance(c, {0})
     assert p.book.home == {"g1": (0, 1), "g2": (1, 2)}
-    assert list(rotate(p, c, {0}, tick=True)) == []
+    assert list(p.slicing.rotate(c, {0}, tick=True)) == []
 
 
 
@@ -951,8 +869,6 @@ def test_a_job_the_slice_order_runs_off_its_server_goes_where_most_room_is_left(
     and w goes instead (only waiting jobs move) to the server with the most room left after
     the jobs before it (the y jobs came first): server 2 when it is empty and server 1 runs a
     job; server 1, the first by id, when both run one."""
-    from gandiva.policies.gandiva.timeslice import rebalance
-
     c = Cluster.build("3x2")
     running = {**{f"y{s}": 2 * s for s in busy}, "a": 0, "b": 1}  # y first come: before b
     for jid in (*running, "w"):
@@ -961,16 +877,16 @@ def test_a_job_the_slice_order_runs_off_its_server_goes_where_most_room_is_left(
         c.apply(A.Place(jid, (gpu,)))
     c.observe(E.Tick(120.0))
     p = make_policy("gandiva")
-    p.book = Book.of(c)
+    p.attach(c)
     for jid, gpu in running.items():
         p.book.assign(c.jobs[jid], (gpu // 2,))
         p.book.last_start[jid] = 0.0
     p.book.assign(c.jobs["w"], (0,))
-    ready = rebalance(p, c, {0, 1, 2})
+    ready = p.slicing.rebalance(c, {0, 1, 2})
     assert p.book.home["w"] == (dest,)
     assert {k: v for k, v in p.book.home.items() if k != "w"} == {
         jid: (gpu // 2,) for jid, gpu in running.items()}
-    actions = list(rotate(p, c, {0, 1, 2}, tick=True, ready=ready))
+    actions = list(p.slicing.rotate(c, {0, 1, 2}, tick=True, ready=ready))
     assert [(type(x).__name__, x.job_id) for x in actions] == [("Place", "w")]
     assert c.gpus[actions[0].gpus[0]].node == dest
 

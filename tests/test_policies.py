@@ -89,7 +89,7 @@ def test_gang_waits_for_a_whole_server_under_locality_aware_fifo(make_trace):
     assert rec["four"].last_servers == frozenset({1})
 
 
-@pytest.mark.parametrize("policy", ["fifo", "las", "gandiva:-oversubscribe", "gandiva"])
+@pytest.mark.parametrize("policy", ["fifo", "las", "gandiva:-placement.oversubscribe", "gandiva"])
 def test_a_job_cancelled_while_queued_or_suspended_is_never_started(policy):
     from gandiva import events as E
     from gandiva.policies import make_policy
@@ -121,7 +121,7 @@ def test_a_job_cancelled_while_queued_or_suspended_is_never_started(policy):
     assert cluster.free_count() == 1 and not cluster.queue and not cluster.suspended
 
 
-@pytest.mark.parametrize("policy", ["fifo", "las", "gandiva", "gandiva:-oversubscribe"])
+@pytest.mark.parametrize("policy", ["fifo", "las", "gandiva", "gandiva:-placement.oversubscribe"])
 def test_jobs_that_did_not_fit_start_on_a_server_that_joins(policy):
     # one 2-GPU server: a runs; b waits, and wide is wider than any server yet
     sched, _ = drive("1x2", policy, E.Arrival(0.0, job("a", 0, 2, 600)),

@@ -441,7 +441,7 @@ def test_the_breakdown_by_width_splits_each_jct_into_queue_sliced_out_running_an
     assert one["running_s"] == pytest.approx(1000) == one["alone_s"]
     two = summarize(fifo)["by_width"]["2-4"]
     assert two["queue_s"] == pytest.approx(1000) and two["running_s"] == pytest.approx(500)
-    sliced, _ = simulate("1x2", make_policy("gandiva:quantum=60:-keep_turn_in_level"), *trace)
+    sliced, _ = simulate("1x2", make_policy("gandiva:quantum=60:-slices.keep_turn"), *trace)
     for width in summarize(sliced)["by_width"].values():
         parts = (width["queue_s"] + width["sliced_out_s"] + width["running_s"]
                  + width["stalled_s"])

@@ -135,7 +135,7 @@ def main() -> None:
     for gpus in (int(g) for g in args.gpus.split(",")):
         configs, top = SETUPS[gpus]
         # the search owns the cluster: let every server hold all its configurations
-        gandiva = f"{PAPER_POLICY}:max_height={configs}:-pack"
+        gandiva = f"{PAPER_POLICY}:placement.max_height={configs}:-packing"
         for position in POSITIONS:
             speedups, fifo_ts, gandiva_ts = [], [], []
             for seed in range(args.seeds):

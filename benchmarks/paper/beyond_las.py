@@ -10,9 +10,9 @@ workload, the Philly trace replay, and the first jobs of the Chronus Philly trac
 What it shows (2026-11-30): every gandiva variant beats las on mean JCT on all three
 workloads, and on GPU utilisation everywhere. The paper's gandiva also leads on early feedback
 on the first two; on the Chronus stretch (3,000 jobs on 64 GPUs, servers at max_height) las
-gives newcomers the GPU at once and leads on feedback. ``gandiva:las_admission:slice_order=las``
-("both") beats las on all three metrics on all three workloads, at some mean JCT against the
-paper's gandiva on the first two.
+gives newcomers the GPU at once and leads on feedback.
+``gandiva-paper:admission.rule=las:slices.order=las`` ("both") beats las on all three metrics
+on all three workloads, at some mean JCT against the paper's gandiva on the first two.
 
 Usage: python benchmarks/paper/beyond_las.py [--chronus-jobs 3000]
 """
@@ -29,9 +29,9 @@ from rich.table import Table
 from gandiva.traces import load_trace
 
 POLICIES = {"fifo": "fifo", "las": "las", "gandiva (paper)": PAPER,
-            "gandiva+las-slices": f"{PAPER}:slice_order=las",
-            "gandiva+las-admission": f"{PAPER}:las_admission",
-            "gandiva+both": f"{PAPER}:las_admission:slice_order=las",
+            "gandiva+las-slices": f"{PAPER}:slices.order=las",
+            "gandiva+las-admission": f"{PAPER}:admission.rule=las",
+            "gandiva+both": f"{PAPER}:admission.rule=las:slices.order=las",
             "gandiva (default)": "gandiva"}
 
 

@@ -21,7 +21,7 @@ from gandiva.spec import JobSpec, Trace
 LOW, MID, HIGH = ["vae", "superresolution"], ["rhn", "scrnn", "milstm"], [
     "lstm", "resnet50", "resnext50"]
 CLUSTER = "23x4:P100+22x4:P40"  # 92 + 88 GPUs: 45 servers, as near half and half as 4 allow
-POLICIES = {"fifo": "fifo", "gandiva": f"{PAPER}:-migrate:-defrag"}
+POLICIES = {"fifo": "fifo", "gandiva": f"{PAPER}:-migration:-defrag"}
 
 
 def workload(jobs: int, seed: int) -> Trace:

@@ -18,7 +18,7 @@ from gandiva.spec import Trace
 
 # The paper's policy: round-robin time slices, each server its own order. (Our default orders
 # slices by attained-service level across the servers that rotate: issue 17, README.)
-PAPER = "gandiva:slice_order=roundrobin:-balance:-las_admission:-gang_shares:-spread_packed"
+PAPER = "gandiva-paper"
 DIFF_FLAG = 0.20  # differences from the paper beyond this are flagged and explained
 
 console = Console(width=160, record=True)  # wide tables: notes explain differences in full

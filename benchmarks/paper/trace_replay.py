@@ -25,8 +25,9 @@ CLUSTER = "13x4:P100+12x4:P40"  # 52 + 48 GPUs in 4-GPU servers: as near 50/50 a
 PAPER_MAKESPAN_S = 11_349 * 60
 POLICIES = {"fifo": "fifo", "gandiva": PAPER}
 # one mechanism off at a time, to explain where the differences from the paper come from
-ABLATIONS = {"no packing": f"{PAPER}:-pack", "no over-subscription": f"{PAPER}:-oversubscribe",
-             "no migration/defrag": f"{PAPER}:-migrate:-defrag"}
+ABLATIONS = {"no packing": f"{PAPER}:-packing",
+             "no over-subscription": f"{PAPER}:-placement.oversubscribe",
+             "no migration/defrag": f"{PAPER}:-migration:-defrag"}
 
 
 def workload(jobs: int, vc: str) -> tuple[Trace, dict]:

@@ -1,9 +1,11 @@
 """Policies, by name. Each lives in its own module ``gandiva.policies.<name>`` exposing ``POLICY``.
 
 A policy spec names the policy and optionally sets its parameters after colons:
-``las``, ``fifo:backfill``, ``gandiva:-pack:quantum=30``. ``-flag`` switches a boolean parameter
-off, ``flag`` alone switches it on, ``key=value`` sets any parameter (converted to its type).
-Colons (not commas) separate parameters so that ``--policy fifo,las,gandiva:-pack`` stays a list.
+``las``, ``fifo:backfill``, ``gandiva:-packing:quantum=30``. ``-flag`` switches a boolean
+parameter off, ``flag`` alone switches it on, ``key=value`` sets any parameter (converted to
+its type). Colons (not commas) separate parameters so that ``--policy fifo,las,gandiva:-packing``
+stays a list. A module with ``PRESETS`` and ``build`` (the gandiva policy) offers each preset
+as a name, and reads its own parameters.
 """
 
 from __future__ import annotations
@@ -17,11 +19,22 @@ from typing import Any
 from gandiva.scheduler import Policy
 
 
+def _modules() -> list[str]:
+    return [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")
+            and m.name not in ("placement", "base")]
+
+
+def _presets() -> dict[str, str]:
+    """Preset name -> the module that builds it."""
+    out = {}
+    for name in _modules():
+        module = importlib.import_module(f"gandiva.policies.{name}")
+        out.update(dict.fromkeys(getattr(module, "PRESETS", {name: None}), name))
+    return out
+
+
 def available() -> list[str]:
-    return sorted(
-        m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")
-        and m.name not in ("placement", "base")
-    )
+    return sorted(_presets())
 
 
 def _convert(name: str, raw: str, kind: Any) -> Any:
@@ -47,9 +60,13 @@ def _convert(name: str, raw: str, kind: Any) -> Any:
 def make_policy(spec: str, seed: int = 0) -> Policy:
     """Build a policy from its spec string; ``seed`` feeds the only randomness it may use."""
     name, *opts = [p.strip() for p in spec.strip().split(":")]
-    if name not in available():
-        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(available())}")
-    cls = importlib.import_module(f"gandiva.policies.{name}").POLICY
+    presets = _presets()
+    if name not in presets:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(sorted(presets))}")
+    module = importlib.import_module(f"gandiva.policies.{presets[name]}")
+    if hasattr(module, "build"):
+        return module.build(name, list(filter(None, opts)), spec=spec.strip())
+    cls = module.POLICY
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name != "rng"}
     kwargs: dict[str, Any] = {}
     for opt in filter(None, opts):

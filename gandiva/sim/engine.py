@@ -24,9 +24,8 @@ from gandiva.state import Cluster
 # the paper's early-feedback metric: time to 100 mini-batches, i.e. steps of the job's loop (an
 # N-GPU step is N mini-batches of work)
 FIRST_FEEDBACK_STEPS = 100
-# event order at equal times: finished jobs free their GPUs before newcomers are placed (and
-# planned rounds are handed back before a job of them finishes)
-_UNPLAN, _DONE, _FAIL, _ARRIVE, _PRIORITY, _PROFILE, _TICK = range(7)
+# event order at equal times: finished jobs free their GPUs before newcomers are placed
+_DONE, _FAIL, _ARRIVE, _PRIORITY, _PROFILE, _TICK = range(6)
 
 
 def _progress(rec: JobRecord, done: float, first_feedback: float | None, rate: float,
@@ -46,10 +45,9 @@ class SimConfig:
     seed: int = 0
     # relative std. dev. of profiled mini-batch time and utilisation. Decision: a job's
     # utilisation, and its mini-batch time alone, measure the same each time (their error is a
-    # bias of the job), so its reports between changes carry no news, and rounds planned ahead
-    # (fast_rounds) can skip them without changing a result; its mini-batch time beside other
-    # jobs (a packing trial) has a fresh error each time, so that a pair tried again is
-    # measured again
+    # bias of the job), so its reports between changes carry no news and do not end a put-off
+    # round (skip_quiet_rounds); its mini-batch time beside other jobs (a packing trial) has a
+    # fresh error each time, so that a pair tried again is measured again
     profile_noise: float = 0.05
     profile_after: int = 20  # steps measured after a (re)start before a profile sample
     checkpoint_interval: float = 1800.0  # s; a failure loses the work since the last checkpoint
@@ -63,11 +61,10 @@ class SimConfig:
     # a control-plane client watching progress reports (e.g. a hyper-parameter search) that
     # answers with priority changes: (job id, new priority) pairs
     controller: Callable[[E.ProfileSample, Cluster], Iterable[tuple[str, int]]] | None = None
-    # let the policy plan quiet time-slicing rounds ahead (``actions.Rounds``), which the
-    # engine carries out in closed form rather than event by event: the same rounds, without
-    # the profile samples of each turn (see gandiva/policies/gandiva/rounds.py). Off where
-    # every action or report is wanted: with the timeline, report_every or a controller.
-    fast_rounds: bool = True
+    # let the policy put off time-slicing rounds that would change nothing (a later ``Wake``):
+    # the same decisions with fewer events. Off where every round is watched: with the
+    # timeline, report_every or a controller
+    skip_quiet_rounds: bool = True
 
 
 @dataclass(slots=True, kw_only=True)
@@ -130,11 +127,9 @@ class Simulator:
         self.perf = perf or default_perf_model()
         self.config = config or SimConfig()
         self.scheduler = Scheduler(cluster, policy, self)
-        cluster.fast_rounds = (self.config.fast_rounds and not self.config.timeline
+        cluster.skip_quiet_rounds = (self.config.skip_quiet_rounds and not self.config.timeline
                                and self.config.report_every is None
                                and self.config.controller is None)
-        self._plan_of: dict[str, A.Rounds] = {}  # job -> the planned rounds it is in
-        self._plan_at: dict[int, A.Rounds] = {}  # server -> the same
         self.policy = policy
         self._noise: dict[str, float] = {}  # job -> the error of its measurements alone
         self._measured: dict[str, int] = {}  # job beside others -> measurements so far
@@ -199,10 +194,6 @@ class Simulator:
         stride = max(1, total // 200)
         while heap:
             t, _, _, kind, payload = heapq.heappop(heap)
-            if kind == _UNPLAN:
-                rounds: A.Rounds = payload  # type: ignore[assignment]
-                if self._plan_at.get(rounds.servers[0]) is not rounds:
-                    continue  # the policy ended it already
             if kind == _DONE:
                 rec = self.records[payload]  # type: ignore[index]
                 rec.queued.pop()
@@ -225,7 +216,7 @@ class Simulator:
             elif kind == _PROFILE:
                 jid, version = payload  # type: ignore[misc]
                 rec = self.records[jid]
-                if version == rec.version and rec.rate > 0 and self._unmoved(rec):
+                if version == rec.version and rec.rate > 0:
                     self._report(rec)
             elif kind == _TICK:
                 self._wakes.discard(t)
@@ -236,11 +227,7 @@ class Simulator:
                     self.scheduler.handle(E.PriorityChange(t, jid, priority))
             elif kind == _FAIL:
                 node = int(payload)  # type: ignore[call-overload]
-                if node in self._plan_at:
-                    self._hand_back(self._plan_at[node])
                 self._fail(node)
-            elif kind == _UNPLAN:
-                self._hand_back(rounds)
             self._sample_series(cluster)
             if self.config.check_invariants:
                 cluster.check_invariants()
@@ -454,112 +441,10 @@ class Simulator:
                                           *self._neighbours(gpus, rec.spec.id))}
         self._reflow([rec, *touched.values()])
 
-    # ---- planned rounds (actions.Rounds), carried out in closed form ----------------------
-    def _plan(self, rounds: A.Rounds) -> None:
-        """Take over the planned rounds: each job's completion is worked out ahead, and the
-        first one hands the rounds back to the policy (``_UNPLAN``) just before it."""
-        first = None
-        for i, jid in enumerate(rounds.jobs):
-            rec = self.records[jid]
-            self._plan_of[jid] = rounds
-            end = self._replay(rec, rounds, i, rounds.start(len(rounds.gpus)),
-                               len(rounds.gpus) - 1, apply=False)
-            if end is not None and (first is None or end < first):
-                first = end
-            rec.due = None  # its queued completion is void until the rounds end
-        for s in rounds.servers:
-            self._plan_at[s] = rounds
-        if first is not None:
-            self._push(first, _UNPLAN, rounds)
-
-    def _hand_back(self, rounds: A.Rounds) -> None:
-        """End planned rounds before something they did not foresee (a completion, a failure)."""
-        r = rounds.round_at(self.now)
-        self._thaw(rounds, r)
-        self.scheduler.handle(E.RoundsEnd(self.now, rounds.servers, r))
-
-    def _thaw(self, rounds: A.Rounds, r: int) -> None:
-        """Bring the jobs of the rounds to now, in round ``r``, as if each round had been
-        carried out."""
-        for s in rounds.servers:
-            del self._plan_at[s]
-        for i, jid in enumerate(rounds.jobs):
-            rec = self.records[jid]
-            del self._plan_of[jid]
-            self._replay(rec, rounds, i, self.now, r, apply=True)
-            if r > 0:
-                rec.version += 1  # reports planned in round 0 are void, unless still due:
-                if rec.rate > 0:
-                    report = rec.stall_until + self._warmup(rec)
-                    if report >= self.now:
-                        self._push(report, _PROFILE, (jid, rec.version))
-            if rec.rate > 0:
-                rec.due = max(self.now, rec.stall_until) + (rec.work - rec.done) / rec.rate
-                self._queue_done(rec)
-
-    def _unmoved(self, rec: JobRecord) -> bool:
-        """Is the job where the state shows it (not in planned rounds that moved it)?"""
-        rounds = self._plan_of.get(rec.spec.id)
-        if rounds is None:
-            return True
-        i = rounds.jobs.index(rec.spec.id)
-        return all(rounds.gpus[k][i] == rec.gpus for k in range(rounds.round_at(self.now) + 1))
-
-    def _replay(self, rec: JobRecord, rounds: A.Rounds, i: int, until: float, last: int, *,
-                apply: bool) -> float | None:
-        """The job's progress through the planned rounds up to ``until``, in round ``last``,
-        turn by turn as ``execute`` and ``_advance`` would account it: when it would complete
-        (None if not by then), and with ``apply`` its record brought to ``until``."""
-        work, done, t_last, ff = rec.work, rec.done, rec.t_last, rec.first_feedback
-        gpus, rate, stall_until, seg_start = rec.gpus, rec.rate, rec.stall_until, rec.seg_start
-        held, stalled, last_servers = rec.held_s, rec.stall_s, rec.last_servers
-        suspends = resumes = 0
-        end = None
-        for k in range(last + 1):
-            t = rounds.start(k)
-            new = rounds.gpus[k][i]
-            if k and new != gpus:  # progress up to the switch
-                done, ff = _progress(rec, done, ff, rate, max(t_last, stall_until), t)
-                t_last = t
-                if gpus:
-                    held += t - seg_start
-                    stalled += max(0.0, min(stall_until, t) - seg_start)
-                    suspends += 1
-                    rate = 0.0
-                if new:
-                    resumes += 1
-                    servers = frozenset(self.cluster.gpus[g].node for g in new)
-                    stall_until = t + self._resume_stall(rec.model, last_servers, servers)
-                    rate = self._alone_rate(rec.model, new)
-                    seg_start, last_servers = t, servers
-                gpus = new
-            stop = until if k == last else rounds.start(k + 1)
-            if rate > 0.0 and end is None:
-                begin = max(t_last, stall_until)
-                if stop > begin and done + (stop - begin) * rate >= work:
-                    end = begin + (work - done) / rate
-                    if not apply:
-                        break
-        if not apply:
-            return end
-        done, ff = _progress(rec, done, ff, rate, max(t_last, stall_until), until)
-        rec.done, rec.t_last, rec.first_feedback = done, until, ff
-        rec.gpus, rec.rate, rec.stall_until, rec.seg_start = gpus, rate, stall_until, seg_start
-        rec.held_s, rec.stall_s, rec.last_servers, rec.shared = held, stalled, last_servers, False
-        self.counts["suspends"] += suspends
-        self.counts["resumes"] += resumes
-        return end
-
     # ---- the backend interface: carry out an action (already applied to the state) ------
     def execute(self, action: A.Action, cluster: Cluster) -> None:
         if self.config.timeline:
             self._actions.append((self.now, action, 0.0))
-        if isinstance(action, A.Rounds):
-            self._plan(action)
-            return
-        if isinstance(action, A.Thaw):
-            self._thaw(self._plan_at[action.servers[0]], action.round)
-            return
         if isinstance(action, A.Wake):
             if action.time >= self.now and action.time not in self._wakes:
                 self._wakes.add(action.time)

@@ -9,106 +9,151 @@ gang larger than a server, at the head of the queue and with no place under ``ma
 likewise sends back, on the servers it needs, just enough of the jobs that had more service
 than it to fit under ``max_height`` (``make_room``).
 
-Decisions (2026-12-04): a victim may sit on a server of another affinity. Affinity placement
-puts narrow jobs on servers of wider jobs once their own are full, so on the busiest traces no
-server had a newcomer's affinity and displacement never found a victim (gavel-philly-6c71a0,
-long queue: 731,806 tries, none). And a gang clears servers only when it has no place to
-over-subscribe: clearing whenever whole servers were not free changed short-queue cells,
-where places abound (gavel-philly-e13805 0.99 -> 1.01 of LAS's mean JCT).
+A victim may sit on a server of another affinity: on the busiest traces no server had a
+newcomer's affinity, so displacement never found one; and a gang clears servers only when it
+has no place to over-subscribe (docs/decisions/0005).
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Callable
 from math import ceil
-from typing import TYPE_CHECKING
 
 from gandiva import actions as A
+from gandiva.policies.gandiva.shared import Decision, Shared
 from gandiva.state import Cluster, Job, JobStatus
 
-if TYPE_CHECKING:
-    from gandiva.policies.gandiva import Gandiva
+SendBack = Callable[[Job, float], None]  # the policy's: the job loses its home, queued at rank
 
 
-def _send_back(p: Gandiva, cluster: Cluster, victim: Job) -> Iterator[A.Action]:
-    if victim.status is JobStatus.RUNNING:
-        yield A.Suspend(victim.id)
-    p.book.release(victim)
-    p.spread.pop(victim.id, None)
-    p.unassigned.add(victim, victim.attained_at(cluster.now))
+class Queue:
+    """The paper's: a newcomer with no place waits, in order of priority and arrival."""
 
+    displaces = False
 
-def displace(p: Gandiva, cluster: Cluster, job: Job) -> Generator[A.Action, None, bool]:
-    """Free one place of ``job``'s width on any server; False if none may go.
+    def rank(self, job: Job, now: float) -> float:
+        return 0.0
 
-    A job with no higher priority and no less service than one of its width that found none
-    (``Gandiva.no_victim``, since the scan of the queue last placed a job) finds none either,
-    and does not look: each look walks every server's jobs, and on the overloaded Philly
-    replay (fidelity.py) the looks of the scans, at every event, made most of its 490 s."""
-    n = job.num_gpus
-    attained = job.attained_at(cluster.now)
-    failed = p.no_victim.get(n)
-    if failed is not None and failed[0] >= job.priority and failed[1] <= attained:
+    def new_scan(self) -> None:
+        pass
+
+    def placed(self) -> None:
+        pass
+
+    def displace(self, cluster: Cluster, job: Job) -> Decision[bool]:
         return False
-    victim = most_served(p, cluster, job, attained + p.displace_margin)
-    if victim is None:
-        p.no_victim[n] = (job.priority, attained)
-        return False
-    yield from _send_back(p, cluster, victim)
-    return True
+        yield  # (a generator that takes no action)
 
-
-def most_served(p: Gandiva, cluster: Cluster, job: Job, floor: float) -> Job | None:
-    """The 1-server job of ``job``'s width, and no higher priority, with the most service
-    above ``floor``, on any server; None if there is none."""
-    now, n = cluster.now, job.num_gpus
-    best: tuple[float, Job] | None = None
-    for node in cluster.nodes:
-        if not node.up or node.size < n:
-            continue
-        for jid in p.book.members[node.id]:
-            other = cluster.jobs[jid]
-            if other.num_gpus != n or len(p.book.home[jid]) > 1 or other.priority > job.priority:
-                continue
-            served = other.attained_at(now)
-            if served > floor and (best is None or served > best[0]):
-                best = (served, other)
-    return None if best is None else best[1]
-
-
-def make_room(p: Gandiva, cluster: Cluster, job: Job) -> Iterator[A.Action]:
-    """Places for a gang wider than a server, at the head of the queue, when no server has
-    one under ``max_height``: on the servers it needs, send back just enough of the jobs that
-    had more service than it (plus the margin), and no higher priority, to bring each under
-    ``max_height`` with the gang on it; most served first, on the servers that lose fewest.
-    A gang sent back leaves all its servers."""
-    now = cluster.now
-    floor = job.attained_at(now) + p.displace_margin
-    size = cluster.max_free_bucket
-    need = ceil(job.num_gpus / size)
-    options = []
-    for node in cluster.nodes:
-        if not node.up or node.size != size:
-            continue
-        # what must go: the head of the queue may pass the cap by one GPU (``gang_servers``)
-        excess = p.book.demand[node.id] + 1 - p.max_height * size
-        victims: list[Job] = []
-        if excess > 0:
-            members = [cluster.jobs[j] for j in p.book.members[node.id]]
-            served = {m.id: m.attained_at(now) for m in members}
-            for m in sorted(members, key=lambda m: -served[m.id]):
-                if excess <= 0 or served[m.id] <= floor:
-                    break
-                if m.priority <= job.priority:
-                    victims.append(m)
-                    excess -= m.num_gpus if len(p.book.home[m.id]) == 1 else size
-            if excess > 0:
-                continue
-        options.append((len(victims), p.book.height(node.id), node.id, victims))
-    if len(options) < need:
+    def make_room(self, cluster: Cluster, job: Job) -> Decision[None]:
         return
-    gone: dict[str, Job] = {}
-    for *_, victims in sorted(options, key=lambda o: o[:3])[:need]:
-        gone.update((v.id, v) for v in victims)
-    for victim in gone.values():
-        yield from _send_back(p, cluster, victim)
+        yield
+
+
+class LasAdmission:
+    """Places go to the least attained service: a newcomer with no place sends back the job
+    of its width with the most, and the waiting queue is ordered by it."""
+
+    displaces = True
+    # a fast path, switched off only by the test that checks it decides as looking again
+    REMEMBER_NO_VICTIM = True
+
+    def __init__(self, shared: Shared, margin: float, max_height: float,
+                 send_back: SendBack) -> None:
+        self.s = shared
+        self.margin = margin
+        self.max_height = max_height
+        self._send_back = send_back
+        # per width, the priority and service of the last job ``displace`` found no job to
+        # send back for, in this scan of the queue since its last placing
+        self.no_victim: dict[int, tuple[int, float]] = {}
+
+    def rank(self, job: Job, now: float) -> float:
+        """A job's place in the waiting queue, after priority: its attained service."""
+        return job.attained_at(now)
+
+    def new_scan(self) -> None:
+        self.no_victim = {}
+
+    def placed(self) -> None:
+        self.no_victim.clear()
+
+    def send_back(self, cluster: Cluster, victim: Job) -> Decision[None]:
+        if victim.status is JobStatus.RUNNING:
+            yield A.Suspend(victim.id)
+        self._send_back(victim, victim.attained_at(cluster.now))
+
+    def displace(self, cluster: Cluster, job: Job) -> Decision[bool]:
+        """Free one place of ``job``'s width on any server; False if none may go.
+
+        A job with no higher priority and no less service than one of its width that found
+        none (since the scan of the queue last placed a job) finds none either, and does not
+        look: each look walks every server's jobs, and on the overloaded Philly replay
+        (fidelity.py) the looks of the scans made most of its 490 s."""
+        n = job.num_gpus
+        attained = job.attained_at(cluster.now)
+        failed = self.no_victim.get(n) if self.REMEMBER_NO_VICTIM else None
+        if failed is not None and failed[0] >= job.priority and failed[1] <= attained:
+            return False
+        victim = self.most_served(cluster, job, attained + self.margin)
+        if victim is None:
+            self.no_victim[n] = (job.priority, attained)
+            return False
+        yield from self.send_back(cluster, victim)
+        return True
+
+    def most_served(self, cluster: Cluster, job: Job, floor: float) -> Job | None:
+        """The 1-server job of ``job``'s width, and no higher priority, with the most service
+        above ``floor``, on any server; None if there is none."""
+        now, n, book = cluster.now, job.num_gpus, self.s.book
+        best: tuple[float, Job] | None = None
+        for node in cluster.nodes:
+            if not node.up or node.size < n:
+                continue
+            for jid in book.members[node.id]:
+                other = cluster.jobs[jid]
+                if other.num_gpus != n or len(book.home[jid]) > 1 or other.priority > job.priority:
+                    continue
+                served = other.attained_at(now)
+                if served > floor and (best is None or served > best[0]):
+                    best = (served, other)
+        return None if best is None else best[1]
+
+    def make_room(self, cluster: Cluster, job: Job) -> Decision[None]:
+        """Places for a gang wider than a server, at the head of the queue, when no server
+        has one under ``max_height``: on the servers it needs, send back just enough of the
+        jobs that had more service than it (plus the margin), and no higher priority, to bring
+        each under ``max_height`` with the gang on it; most served first, on the servers that
+        lose fewest. A gang sent back leaves all its servers."""
+        now, book = cluster.now, self.s.book
+        floor = job.attained_at(now) + self.margin
+        size = cluster.max_free_bucket
+        need = ceil(job.num_gpus / size)
+        options = []
+        for node in cluster.nodes:
+            if not node.up or node.size != size:
+                continue
+            # what must go: the head of the queue may pass the cap by one GPU (``gang_servers``)
+            excess = book.demand[node.id] + 1 - self.max_height * size
+            victims: list[Job] = []
+            if excess > 0:
+                members = [cluster.jobs[j] for j in book.members[node.id]]
+                served = {m.id: m.attained_at(now) for m in members}
+                for m in sorted(members, key=lambda m: -served[m.id]):
+                    if excess <= 0 or served[m.id] <= floor:
+                        break
+                    if m.priority <= job.priority:
+                        victims.append(m)
+                        excess -= m.num_gpus if len(book.home[m.id]) == 1 else size
+                if excess > 0:
+                    continue
+            options.append((len(victims), book.height(node.id), node.id, victims))
+        if len(options) < need:
+            return
+        gone: dict[str, Job] = {}
+        for *_, victims in sorted(options, key=lambda o: o[:3])[:need]:
+            gone.update((v.id, v) for v in victims)
+        for victim in gone.values():
+            yield from self.send_back(cluster, victim)
+
+
+Admission = Queue | LasAdmission

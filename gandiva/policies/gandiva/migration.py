@@ -11,16 +11,12 @@ the job's profiled GPU memory (an upper bound on its checkpoint) with the paper'
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from math import ceil
-from typing import TYPE_CHECKING
 
 from gandiva import actions as A
+from gandiva.policies.gandiva.shared import Decision, Shared
 from gandiva.policies.placement import best_fit, pick_in_server
 from gandiva.state import Cluster, Job, JobStatus
-
-if TYPE_CHECKING:
-    from gandiva.policies.gandiva import Gandiva
 
 # Fig 13: 0.22 s at 8 MB to 2.45 s at 1,405 MB within a server: about 0.2 s + 1.6 ms per MB
 MOVE_FIXED_S, MOVE_PER_MB_S = 0.2, 0.0016
@@ -59,27 +55,43 @@ def may_consolidate(cluster: Cluster, count: int) -> bool:
     return False
 
 
-def consolidate(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
-    """Move spread jobs onto consolidated GPUs that have become free (a few per decision)."""
-    moved = 0
-    for jid in list(p.spread):
-        job = cluster.jobs[jid]
-        if job.status is not JobStatus.RUNNING or not is_spread(cluster, job.num_gpus, job.gpus):
-            p.spread.pop(jid, None)
-            continue
-        if moved >= p.max_moves:
-            return
-        if jid in cluster.transitions:
-            continue  # still starting or moving on its node: looked at again at a departure
-        target = _consolidated(cluster, job)
-        if target is not None and (yield from p.thaw_gpus(cluster, target)):
+class Locality:
+    """Jobs placed spread out, moved onto consolidated GPUs as departures free some."""
+
+    def __init__(self, shared: Shared, enabled: bool, max_moves: int) -> None:
+        self.s = shared
+        self.enabled = enabled
+        self.max_moves = max_moves
+        self.spread: dict[str, None] = {}  # spread jobs, in the order they were placed
+
+    def placed(self, cluster: Cluster, job: Job) -> None:
+        if is_spread(cluster, job.num_gpus, job.gpus):
+            self.spread[job.id] = None
+
+    def forget(self, job_id: str) -> None:
+        self.spread.pop(job_id, None)
+
+    def consolidate(self, cluster: Cluster) -> Decision[None]:
+        """Move spread jobs onto consolidated GPUs that have become free (a few per
+        decision, so that one departure cannot start a migration storm)."""
+        moved = 0
+        for jid in list(self.spread):
+            job = cluster.jobs[jid]
+            if job.status is not JobStatus.RUNNING or not is_spread(cluster, job.num_gpus,
+                                                                   job.gpus):
+                self.spread.pop(jid, None)
+                continue
+            if moved >= self.max_moves:
+                return
+            if jid in cluster.transitions:
+                continue  # still starting or moving on its node: looked at again later
             target = _consolidated(cluster, job)
-        if target is None:
-            continue
-        yield A.Migrate(jid, target)
-        p.spread.pop(jid, None)
-        p.book.assign(job, tuple(sorted(cluster.servers_of(target))))
-        moved += 1
+            if target is None:
+                continue
+            yield A.Migrate(jid, target)
+            self.spread.pop(jid, None)
+            self.s.book.assign(job, tuple(sorted(cluster.servers_of(target))))
+            moved += 1
 
 
 def _consolidated(cluster: Cluster, job: Job) -> tuple[int, ...] | None:
@@ -95,44 +107,53 @@ def _consolidated(cluster: Cluster, job: Job) -> tuple[int, ...] | None:
     return None if gpus is None or is_spread(cluster, n, gpus) else gpus
 
 
-def fragmented_job(p: Gandiva, cluster: Cluster) -> Job | None:
-    """The first waiting job that the free GPUs could hold if they were on one server."""
-    free = cluster.free_count()
-    for jid in p.unassigned.first(p.scan_depth):
-        job = cluster.jobs[jid]
-        if job.num_gpus <= free and job.num_gpus <= cluster.max_free_bucket and not any(
-                True for have in range(job.num_gpus, cluster.max_free_bucket + 1)
-                for _ in cluster.nodes_with_free(have)):
-            return job
-    return None
+class Defrag:
+    """Empty a server when a waiting job could run on the free GPUs if they were on one."""
 
+    def __init__(self, shared: Shared, enabled: bool, interval: float, max_move_s: float,
+                 scan_depth: int) -> None:
+        self.s = shared
+        self.enabled = enabled
+        self.interval = interval
+        self.max_move_s = max_move_s
+        self.scan_depth = scan_depth
+        self.count = 0  # servers emptied
 
-def defragment(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
-    """Empty the non-idle server with the most free GPUs, if its jobs move cheaply."""
-    blocked = fragmented_job(p, cluster)
-    if blocked is None:
-        return
-    sources = [n.id for n in cluster.nodes if n.up and 0 < len(cluster.free_gpus(n.id)) < n.size]
-    for source in sorted(sources, key=lambda s: (-len(cluster.free_gpus(s)), s)):
-        members = [cluster.jobs[j] for j in p.book.members[source]]
-        if not members or any(
-            j.status is not JobStatus.RUNNING or len(p.book.home[j.id]) > 1
-            or j.id in cluster.transitions  # a job its node is still moving stays put
-            or move_cost(j) > p.defrag_max_move_s or len(cluster.gpus[j.gpus[0]].jobs) > 1
-            for j in members
-        ):
-            continue
-        plan = _plan_moves(cluster, source, members)
-        if plan is not None and (yield from p.thaw_gpus(
-                cluster, tuple(g for _, gpus in plan for g in gpus))):
+    def blocked(self, cluster: Cluster) -> Job | None:
+        """The first waiting job that the free GPUs could hold if they were on one server."""
+        free = cluster.free_count()
+        for jid in self.s.waiting.first(self.scan_depth):
+            job = cluster.jobs[jid]
+            if job.num_gpus <= free and job.num_gpus <= cluster.max_free_bucket and not any(
+                    True for have in range(job.num_gpus, cluster.max_free_bucket + 1)
+                    for _ in cluster.nodes_with_free(have)):
+                return job
+        return None
+
+    def run(self, cluster: Cluster) -> Decision[None]:
+        """Empty the non-idle server with the most free GPUs, if its jobs move cheaply."""
+        if self.blocked(cluster) is None:
+            return
+        book = self.s.book
+        sources = [n.id for n in cluster.nodes
+                   if n.up and 0 < len(cluster.free_gpus(n.id)) < n.size]
+        for source in sorted(sources, key=lambda s: (-len(cluster.free_gpus(s)), s)):
+            members = [cluster.jobs[j] for j in book.members[source]]
+            if not members or any(
+                j.status is not JobStatus.RUNNING or len(book.home[j.id]) > 1
+                or j.id in cluster.transitions  # a job its node is still moving stays put
+                or move_cost(j) > self.max_move_s or len(cluster.gpus[j.gpus[0]].jobs) > 1
+                for j in members
+            ):
+                continue
             plan = _plan_moves(cluster, source, members)
-        if plan is None:
-            continue
-        for job, gpus in plan:
-            yield A.Migrate(job.id, gpus)
-            p.book.assign(job, (cluster.gpus[gpus[0]].node,))
-        p.defrags += 1
-        return
+            if plan is None:
+                continue
+            for job, gpus in plan:
+                yield A.Migrate(job.id, gpus)
+                book.assign(job, (cluster.gpus[gpus[0]].node,))
+            self.count += 1
+            return
 
 
 def _plan_moves(cluster: Cluster, source: int, jobs: list[Job]) -> list | None:

@@ -3,26 +3,20 @@
 Greedy, as in the paper: the waiting job with the lowest profiled GPU utilisation goes onto
 the GPU whose running job has the lowest utilisation, if their profiled memory fits. The pair is
 then measured: if the two normalised throughputs (solo mini-batch time over packed mini-batch
-time) add up to no more than time-slicing would give (1.0, plus ``pack_min_gain``), the newcomer
-is unpacked and the pair is not tried again.
+time) add up to no more than time-slicing would give (1.0, plus ``min_gain``), the newcomer
+is unpacked and the pair is not tried again. Packing is for overload only: a packed job takes
+a free GPU of its server at its rounds, and (``spread``) free GPUs elsewhere a quantum after a
+departure left them free (docs/decisions/0009).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
-
 from gandiva import actions as A
 from gandiva import events as E
-from gandiva.policies.gandiva.placement import gpus_on
-from gandiva.policies.gandiva.timeslice import free_elsewhere
+from gandiva.policies.gandiva.config import Packing as Settings
+from gandiva.policies.gandiva.placement import free_elsewhere, gpus_on
+from gandiva.policies.gandiva.shared import Decision, Shared
 from gandiva.state import Cluster, Job, JobStatus
-
-if TYPE_CHECKING:
-    from gandiva.policies.gandiva import Gandiva
-
-
-RULES = ("gain", "jct")  # what a packed pair must beat (``pays``)
 
 
 class Trials:
@@ -84,160 +78,159 @@ def shares_gpu(cluster: Cluster, job: Job) -> bool:
     return any(len(cluster.gpus[g].jobs) > 1 for g in job.gpus)
 
 
-def observe(p: Gandiva, cluster: Cluster, sample: E.ProfileSample) -> None:
-    """Remember a job's solo mini-batch time, or its packed one during a trial."""
-    job = cluster.jobs[sample.job_id]
-    if job.status is not JobStatus.RUNNING:
-        return
-    if shares_gpu(cluster, job):
-        p.packed_mbt[job.id] = sample.mini_batch_time
-        p.trials.changed(job.id)
-    else:
-        p.solo_mbt[job.id] = sample.mini_batch_time
-        p.packed_mbt.pop(job.id, None)
+class Packing:
+    def __init__(self, shared: Shared, settings: Settings) -> None:
+        self.s = shared
+        self.enabled = settings.enabled
+        self.min_gain = settings.min_gain
+        self.spreads = settings.enabled and settings.spread
+        self.solo_mbt: dict[str, float] = {}  # a job's mini-batch time alone
+        self.packed_mbt: dict[str, float] = {}  # ... and beside another, in a trial
+        self.trials = Trials()
+        self.bad_pairs: set[frozenset[str]] = set()  # pairs found wanting
+        self.gains: list[float] = []  # every judged pair's summed normalised throughput
+        self.packed_on: set[int] = set()  # servers it packed on (``spread_elsewhere``)
 
+    # ---- what it learns -----------------------------------------------------------------
+    def observe(self, cluster: Cluster, sample: E.ProfileSample) -> None:
+        """Remember a job's solo mini-batch time, or its packed one during a trial."""
+        job = cluster.jobs[sample.job_id]
+        if job.status is not JobStatus.RUNNING:
+            return
+        if shares_gpu(cluster, job):
+            self.packed_mbt[job.id] = sample.mini_batch_time
+            self.trials.changed(job.id)
+        else:
+            self.solo_mbt[job.id] = sample.mini_batch_time
+            self.packed_mbt.pop(job.id, None)
 
-def may_pair(p: Gandiva, a: Job, b: Job, memory_gb: float) -> bool:
-    """May ``a`` and ``b`` share a GPU of ``memory_gb``: their memory fits, and they were not
-    found wanting together?"""
-    return ((a.memory_gb or 0) + (b.memory_gb or 0) <= memory_gb
-            and frozenset((a.id, b.id)) not in p.bad_pairs)
+    def may_act_on(self, cluster: Cluster, job: Job) -> bool:
+        """Could a sample of ``job`` lead to a pack or an unpack: it has no solo time yet, it is
+        in a trial, or it shares a GPU?"""
+        return (job.id not in self.solo_mbt or self.trials.involves(job.id)
+                or shares_gpu(cluster, job))
 
+    def touched(self, job_id: str) -> None:
+        """The job stopped, or the policy acted on it: its trial may have ended."""
+        self.trials.changed(job_id)
 
-def guests(p: Gandiva, waiting: list[Job]) -> list[Job]:
-    """The ``waiting`` jobs of a server that ``try_pack`` may pack: on one GPU, profiled, and
-    in no trial (most rounds find none: the cheap test comes first)."""
-    return [j for j in waiting if j.num_gpus == 1 and j.id in p.solo_mbt
-            and j.utilization is not None and j.memory_gb is not None
-            and j.id not in p.trials]
+    def touched_all(self) -> None:
+        self.trials.changed_all()
 
+    def forget(self, job_id: str) -> None:
+        self.solo_mbt.pop(job_id, None)
+        self.packed_mbt.pop(job_id, None)
+        self.trials.end(job_id)
 
-def try_pack(p: Gandiva, cluster: Cluster, server: int, waiting: list[Job]
-             ) -> Iterator[A.Action]:
-    """Pack the ``waiting`` jobs of ``server`` (its ``guests``), least-utilised first, each
-    onto the GPU of the least-utilised running job that shares no GPU yet, while memory fits.
+    # ---- packing and judging ------------------------------------------------------------
+    def may_pair(self, a: Job, b: Job, memory_gb: float) -> bool:
+        """May ``a`` and ``b`` share a GPU of ``memory_gb``: their memory fits, and they were
+        not found wanting together?"""
+        return ((a.memory_gb or 0) + (b.memory_gb or 0) <= memory_gb
+                and frozenset((a.id, b.id)) not in self.bad_pairs)
 
-    Decision: never onto a job of higher priority than the guest's. A packed job runs slower
-    (its GPU, or here its CPU cores, are shared), and a job is never slowed for one of lower
-    priority, as time-slicing never suspends one for it: a sweep's promoted trials share
-    their devices with no trial below them (the paper's AutoML ran its top configurations
-    exclusively), where a trial let through for want of company was packed beside them."""
-    hosts = [cluster.jobs[j] for j in p.book.members[server]]
-    hosts = [j for j in hosts if j.status is JobStatus.RUNNING and j.num_gpus == 1
-             and j.utilization is not None and j.memory_gb is not None
-             and not shares_gpu(cluster, j)]
-    hosts.sort(key=lambda j: (j.utilization, j.seq))
-    for guest in sorted(waiting, key=lambda j: (j.utilization, j.seq)):
-        for host in hosts:
-            if host.priority > guest.priority or not may_pair(
-                    p, guest, host, cluster.gpus[host.gpus[0]].memory_gb):
+    def guests(self, waiting: list[Job]) -> list[Job]:
+        """The ``waiting`` jobs of a server that ``try_pack`` may pack: on one GPU, profiled,
+        and in no trial (most rounds find none: the cheap test comes first)."""
+        return [j for j in waiting if j.num_gpus == 1 and j.id in self.solo_mbt
+                and j.utilization is not None and j.memory_gb is not None
+                and j.id not in self.trials]
+
+    def try_pack(self, cluster: Cluster, server: int, waiting: list[Job]) -> Decision[None]:
+        """Pack the ``waiting`` jobs of ``server`` (its ``guests``), least-utilised first,
+        each onto the GPU of the least-utilised running job that shares no GPU yet, while
+        memory fits; never onto a job of higher priority than the guest's (a packed job runs
+        slower, and a job is never slowed for one of lower priority, as time-slicing never
+        suspends one for it)."""
+        book = self.s.book
+        hosts = [cluster.jobs[j] for j in book.members[server]]
+        hosts = [j for j in hosts if j.status is JobStatus.RUNNING and j.num_gpus == 1
+                 and j.utilization is not None and j.memory_gb is not None
+                 and not shares_gpu(cluster, j)]
+        hosts.sort(key=lambda j: (j.utilization, j.seq))
+        for guest in sorted(waiting, key=lambda j: (j.utilization, j.seq)):
+            for host in hosts:
+                if host.priority > guest.priority or not self.may_pair(
+                        guest, host, cluster.gpus[host.gpus[0]].memory_gb):
+                    continue
+                yield A.Pack(guest.id, host.gpus)
+                self.packed_on.add(server)
+                self.trials.start(guest.id, host.id)
+                self.packed_mbt.pop(guest.id, None)
+                self.packed_mbt.pop(host.id, None)
+                book.last_start[guest.id] = cluster.now
+                hosts.remove(host)
+                break
+
+    def judge(self, cluster: Cluster) -> Decision[None]:
+        """Keep or undo each packing trial once both jobs have a packed profile sample. Only
+        trials whose jobs changed since the last look are looked at (``Trials``)."""
+        for guest_id, host_id in self.trials.take_changed():
+            guest, host = cluster.jobs[guest_id], cluster.jobs[host_id]
+            together = (guest.status is JobStatus.RUNNING and host.status is JobStatus.RUNNING
+                        and set(guest.gpus) & set(host.gpus))
+            if not together:
+                self.trials.end(guest_id)
                 continue
-            yield A.Pack(guest.id, host.gpus)
-            p.packed_on.add(server)
-            p.trials.start(guest.id, host.id)
-            p.packed_mbt.pop(guest.id, None)
-            p.packed_mbt.pop(host.id, None)
-            p.book.last_start[guest.id] = cluster.now
-            hosts.remove(host)
-            break
+            if guest_id not in self.packed_mbt or host_id not in self.packed_mbt:
+                continue
+            rates = [self.solo_mbt[j.id] / self.packed_mbt[j.id] for j in (guest, host)]
+            self.trials.end(guest_id)
+            self.gains.append(sum(rates))
+            if sum(rates) <= 1.0 + self.min_gain:  # no better than time-slicing
+                self.bad_pairs.add(frozenset((guest_id, host_id)))
+                yield A.Unpack(guest_id)
 
-
-def judge(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
-    """Keep or undo each packing trial once both jobs have a packed profile sample.
-
-    Only trials whose jobs changed since the last look are looked at (``Trials``).
-    """
-    for guest_id, host_id in p.trials.take_changed():
-        guest, host = cluster.jobs[guest_id], cluster.jobs[host_id]
-        together = (guest.status is JobStatus.RUNNING and host.status is JobStatus.RUNNING
-                    and set(guest.gpus) & set(host.gpus))
-        if not together:
-            p.trials.end(guest_id)
-            continue
-        if guest_id not in p.packed_mbt or host_id not in p.packed_mbt:
-            continue
-        rates = [p.solo_mbt[j.id] / p.packed_mbt[j.id] for j in (guest, host)]
-        p.trials.end(guest_id)
-        p.pack_gains.append(sum(rates))
-        if not pays(p, cluster, (guest, host), rates):
-            p.bad_pairs.add(frozenset((guest_id, host_id)))
-            yield A.Unpack(guest_id)
-
-
-def pays(p: Gandiva, cluster: Cluster, pair: tuple[Job, Job], rates: list[float]) -> bool:
-    """Does a packed ``pair`` pay, given each job's normalised throughput beside the other?
-
-    "gain" (the paper's): the two add up to more than time-slicing's 1.0, by
-    ``pack_min_gain``. "jct": the pair lowers the mean JCT, against running the two one after
-    the other, the one with less attained service (LAS's guess at the shorter) first, with
-    ``k`` jobs queued behind them for the GPU. With remaining work ``a`` <= ``b`` (solo
-    seconds) and rates ``ra``, ``rb``: one after the other, the two end at ``a`` and
-    ``a + b``, and so does the GPU; packed, at ``a / ra`` and ``a / ra + b - a rb / ra``. The
-    sum of the JCTs changes by ``a / ra * ((2 - 2 ra - rb) + k (1 - ra - rb))``, so packing
-    pays when ``2 ra + rb + k (ra + rb) > 2 + k``, whatever ``a`` and ``b``. Alone (k = 0)
-    two equal rates must pass 4/3; behind a long queue the rule becomes the paper's.
-    ``k``: the jobs waiting in the cluster per GPU up (they share every GPU)."""
-    if p.pack_rule == "gain":
-        return sum(rates) > 1.0 + p.pack_min_gain
-    a, b = pair
-    first, second = rates if (a.attained_at(cluster.now), a.seq) <= (
-        b.attained_at(cluster.now), b.seq) else rates[::-1]
-    k = (len(cluster.queue) + len(cluster.suspended)) / max(cluster.up_gpus(), 1)
-    return 2 * first + second + k * (first + second) > (2 + k) * (1.0 + p.pack_min_gain)
-
-
-def spread_out(p: Gandiva, cluster: Cluster, server: int) -> Iterator[A.Action]:
-    """When the server has a free GPU, a packed job takes it (packing is for overload only).
-
-    The move stays on the server, so it is the fast path: suspend to host memory, resume on
-    the free GPU (no checkpoint), as when time-slicing.
-    """
-    if not cluster.free_gpus(server):
-        return
-    for gpu in cluster.nodes[server].gpus:
-        jobs = cluster.gpus[gpu].jobs
-        free = cluster.free_gpus(server)
-        if len(jobs) > 1 and free:
-            mover = cluster.jobs[jobs[-1]]
-            if mover.num_gpus == 1:
-                yield from unpack_to(p, cluster, mover, (free[0],))
-
-
-def unpack_to(p: Gandiva, cluster: Cluster, mover: Job, gpus: tuple[int, ...]
-              ) -> Iterator[A.Action]:
-    """A packed job leaves its GPU-mate and resumes alone on ``gpus``."""
-    yield A.Unpack(mover.id)
-    yield A.Resume(mover.id, gpus)
-    p.book.last_start[mover.id] = cluster.now
-    p.trials.end(mover.id)
-
-
-def still_packed(p: Gandiva, cluster: Cluster) -> bool:
-    """Forget the servers of ``Gandiva.packed_on`` with no packed GPU left (a pair parted, a
-    job ended, the server failed); does any remain?"""
-    for server in list(p.packed_on):
-        if not any(len(cluster.gpus[g].jobs) > 1 for g in cluster.nodes[server].gpus):
-            p.packed_on.discard(server)
-    return bool(p.packed_on)
-
-
-def spread_elsewhere(p: Gandiva, cluster: Cluster) -> Iterator[A.Action]:
-    """GPUs free on servers with jobs, none waiting: packed jobs of other servers take them
-    (``spread_packed``, a quantum after a departure left GPUs free, if they are still free
-    and no job waits for a place), each resuming there from its checkpoint (a free GPU of its
-    own server first: ``spread_out``, the fast path). An empty server is left empty: it is
-    what a gang waits for. Looks only at the servers packing packed on
-    (``Gandiva.packed_on``)."""
-    for server in sorted(p.packed_on):
-        yield from spread_out(p, cluster, server)
+    # ---- spreading out ------------------------------------------------------------------
+    def spread_out(self, cluster: Cluster, server: int) -> Decision[None]:
+        """When the server has a free GPU, a packed job takes it. The move stays on the
+        server, so it is the fast path: suspend to host memory, resume on the free GPU."""
+        if not cluster.free_gpus(server):
+            return
         for gpu in cluster.nodes[server].gpus:
             jobs = cluster.gpus[gpu].jobs
-            if len(jobs) < 2 or cluster.jobs[jobs[-1]].num_gpus != 1:
-                continue
-            dest = free_elsewhere(p, cluster, server, 1, with_jobs=True)
-            if dest is None:
-                continue
-            mover = cluster.jobs[jobs[-1]]
-            yield from unpack_to(p, cluster, mover, gpus_on(cluster, dest, 1))
-            p.book.assign(mover, (dest,))
-    still_packed(p, cluster)
+            free = cluster.free_gpus(server)
+            if len(jobs) > 1 and free:
+                mover = cluster.jobs[jobs[-1]]
+                if mover.num_gpus == 1:
+                    yield from self._unpack_to(cluster, mover, (free[0],))
+
+    def _unpack_to(self, cluster: Cluster, mover: Job, gpus: tuple[int, ...]) -> Decision[None]:
+        """A packed job leaves its GPU-mate and resumes alone on ``gpus``."""
+        yield A.Unpack(mover.id)
+        yield A.Resume(mover.id, gpus)
+        self.s.book.last_start[mover.id] = cluster.now
+        self.trials.end(mover.id)
+
+    def still_packed(self, cluster: Cluster) -> bool:
+        """Forget the servers packed on with no packed GPU left (a pair parted, a job ended,
+        the server failed); does any remain?"""
+        for server in list(self.packed_on):
+            if not any(len(cluster.gpus[g].jobs) > 1 for g in cluster.nodes[server].gpus):
+                self.packed_on.discard(server)
+        return bool(self.packed_on)
+
+    def wants_spread(self, cluster: Cluster) -> bool:
+        """After a departure: are there packed jobs and free GPUs for ``spread_elsewhere``
+        (with no job waiting for a place, which the free GPUs are for)?"""
+        return (self.spreads and bool(self.packed_on) and not len(self.s.waiting)
+                and bool(cluster.free_count()) and self.still_packed(cluster))
+
+    def spread_elsewhere(self, cluster: Cluster) -> Decision[None]:
+        """GPUs free on servers with jobs, none waiting: packed jobs of other servers take
+        them, each resuming there from its checkpoint (a free GPU of its own server first:
+        ``spread_out``). An empty server is left empty: it is what a gang waits for."""
+        book = self.s.book
+        for server in sorted(self.packed_on):
+            yield from self.spread_out(cluster, server)
+            for gpu in cluster.nodes[server].gpus:
+                jobs = cluster.gpus[gpu].jobs
+                if len(jobs) < 2 or cluster.jobs[jobs[-1]].num_gpus != 1:
+                    continue
+                dest = free_elsewhere(book, cluster, server, 1, with_jobs=True)
+                if dest is None:
+                    continue
+                mover = cluster.jobs[jobs[-1]]
+                yield from self._unpack_to(cluster, mover, gpus_on(cluster, dest, 1))
+                book.assign(mover, (dest,))
+        self.still_packed(cluster)

@@ -89,3 +89,17 @@ def gang_servers(
 def gang_gpus(job: Job, cluster: Cluster) -> tuple[int, ...] | None:
     """GPUs for a job bigger than one server: whole free servers first (see ``best_fit``)."""
     return best_fit(cluster, job.num_gpus)
+
+
+def free_elsewhere(book: Book, cluster: Cluster, server: int, count: int,
+                   with_jobs: bool = False) -> int | None:
+    """The first server (by id) other than ``server`` with ``count`` free GPUs and no job
+    waiting for them; with ``with_jobs``, only one that has jobs (an empty server is left for
+    a gang)."""
+    roomy = sorted(s for have in range(count, cluster.max_free_bucket + 1)
+                   for s in cluster.nodes_with_free(have))
+    for s in roomy:
+        if (s != server and not book.has_waiting(s, cluster)
+                and (book.members[s] or not with_jobs)):
+            return s
+    return None

@@ -1,0 +1,35 @@
+"""What the mechanisms of one gandiva policy share, and the type of their decisions."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from gandiva import actions as A
+from gandiva.policies.gandiva.book import Book, Waiting
+from gandiva.policies.gandiva.timers import Timers
+
+T = TypeVar("T")
+# a step of a decision: the job actions it takes, each applied to the state before it goes
+# on, and what it found
+Decision = Generator[A.JobAction, None, T]
+
+
+@dataclass
+class Shared:
+    """The policy's book of homes and heights, its queue of jobs with no home, its timers,
+    and a count of what may change a round's outcome (``quiet.py`` puts rounds off while it
+    stays the same)."""
+
+    quantum: float
+    book: Book = field(default_factory=lambda: Book([], [], []))
+    waiting: Waiting = field(default_factory=Waiting)
+    timers: Timers = field(default_factory=Timers)
+    changes: int = 0
+
+    def next_round(self, now: float) -> float:
+        """Rounds fall on multiples of the quantum on every server, so that servers shared by
+        a gang switch together."""
+        return (math.floor(now / self.quantum + 1e-9) + 1) * self.quantum
