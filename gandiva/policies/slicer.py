@@ -187,9 +187,9 @@ class Slicer:
 
     @staticmethod
     def _fits(cluster: Cluster, job: Job, host: Job) -> bool:
-        return (host.memory_gb is not None and len(host.gpus) == job.num_gpus
-                and all(job.memory_gb + host.memory_gb <= cluster.gpus[g].memory_gb
-                        for g in host.gpus))
+        need, have = job.memory_gb, host.memory_gb
+        return (need is not None and have is not None and len(host.gpus) == job.num_gpus
+                and all(need + have <= cluster.gpus[g].memory_gb for g in host.gpus))
 
     def _shrink(self, cluster: Cluster) -> Iterator[A.Action]:
         """A job waits: grown jobs give back what they did not ask for."""

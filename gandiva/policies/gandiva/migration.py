@@ -103,8 +103,8 @@ def _consolidated(cluster: Cluster, job: Job) -> tuple[int, ...] | None:
                 if not is_spread(cluster, n, gpus):
                     return gpus
         return None
-    gpus = best_fit(cluster, n)
-    return None if gpus is None or is_spread(cluster, n, gpus) else gpus
+    fit = best_fit(cluster, n)
+    return None if fit is None or is_spread(cluster, n, fit) else fit
 
 
 class Defrag:

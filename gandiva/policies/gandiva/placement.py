@@ -53,9 +53,9 @@ def choose_server(
     crowded = book.lowest(book.by_affinity.get(n, ()), fits, max_height)
     if crowded is not None:
         return crowded[1], False
-    mixed = [book.lowest(servers, fits, max_height)
-             for aff, servers in book.by_affinity.items() if aff != n]
-    mixed = [key for key in mixed if key is not None]
+    lowest = (book.lowest(servers, fits, max_height)
+              for aff, servers in book.by_affinity.items() if aff != n)
+    mixed = [key for key in lowest if key is not None]
     return (min(mixed)[1], False) if mixed else None
 
 

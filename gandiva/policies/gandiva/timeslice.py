@@ -216,7 +216,8 @@ class TimeSlicing:
 
         ordered = sorted(self.slots_of(cluster, jobs, now), key=self.order.key(now, True))
         # the servers of running gangs (``spare_gangs``), and of all gangs
-        ganged, homes = set(), set()
+        ganged: set[int] = set()
+        homes: set[int] = set()
         if self.spare_gangs or self.idle_to_gangs:
             for sl in ordered:
                 if len(sl.home) > 1:
