@@ -1,12 +1,17 @@
-"""Hollow nodes drive the real loop with no processes, and a stalled node holds up no one."""
+"""Hollow nodes drive the real loop with no processes, and a stalled node holds up no one.
+
+Every test runs in virtual time: the loop and the nodes share a ``VirtualClock``, which moves
+to the next deadline whenever both wait with nothing to do; nothing sleeps."""
 
 import threading
-import time
+from collections.abc import Callable
 
 import pytest
 
+from gandiva.backends.clock import VirtualClock
 from gandiva.backends.driver import Driver
 from gandiva.backends.hollow import START_S, HollowNodes, hollow_launch
+from gandiva.backends.requests import Request
 from gandiva.policies import make_policy
 from gandiva.spec import JobSpec
 
@@ -17,19 +22,55 @@ def steps_for(nodes: HollowNodes, seconds: float) -> int:
     return int(seconds * nodes.perf.throughput(MODEL, "V100", 1))
 
 
+def hollow(policy: str, tmp_path, nodes: type[HollowNodes] = HollowNodes, feedback_steps=100,
+           **kw) -> tuple[Driver, HollowNodes, VirtualClock]:
+    """A driver on hollow nodes (``kw``: theirs), both on one virtual clock."""
+    clock = VirtualClock()
+    made = nodes(clock=clock, **kw)
+    return (Driver(make_policy(policy), tmp_path, nodes=made, clock=clock,
+                   feedback_steps=feedback_steps), made, clock)
+
+
+def in_background(work: Callable[[], object]) -> tuple[threading.Thread, dict]:
+    """``work`` on a thread of its own; what it returned (``result``) or raised (``error``)."""
+    out: dict = {}
+
+    def call() -> None:
+        try:
+            out["result"] = work()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            out["error"] = e
+    thread = threading.Thread(target=call)
+    thread.start()
+    return thread, out
+
+
+def run_to_the_end(backend: Driver, clock: VirtualClock, timeout: float):
+    loop, out = in_background(lambda: backend.run(timeout=timeout))
+    clock.run_until(lambda: not loop.is_alive())
+    if "error" in out:
+        raise out["error"]
+    return out["result"]
+
+
+def stop(backend: Driver, clock: VirtualClock, loop: threading.Thread) -> None:
+    """Stop the loop; the actions under way end (in virtual time) as it closes."""
+    backend.stop()
+    clock.run_until(lambda: not loop.is_alive())
+
+
 def test_hollow_nodes_run_more_jobs_than_gpus_to_the_end_taking_turns(tmp_path):
-    nodes = HollowNodes(servers=2, gpus=2, seed=1)
-    backend = Driver(make_policy("gandiva:quantum=1:-pack"), tmp_path, nodes=nodes,
-                           feedback_steps=10)
+    backend, nodes, clock = hollow("gandiva:quantum=1:-packing", tmp_path, servers=2, gpus=2,
+                                   seed=1, feedback_steps=10)
     settled: list[tuple[str, int, float]] = []
     backend.observer.settled = lambda ev, n, s: settled.append((type(ev).__name__, n, s))
     work = steps_for(nodes, 1.5)
     for i in range(8):
         backend.submit(JobSpec(f"j{i}", 0.0, 1, MODEL, mini_batches=work),
                        hollow_launch(MODEL, work))
-    t0 = time.monotonic()
-    result = backend.run(timeout=120)
-    took = time.monotonic() - t0
+    t0 = clock.now()
+    result = run_to_the_end(backend, clock, timeout=120)
+    took = clock.now() - t0
     assert [j.status for j in result.jobs] == ["done"] * 8
     assert all(j.steps == work for j in result.jobs)
     kinds = {type(a).__name__ for _, a, _ in result.actions}
@@ -44,11 +85,10 @@ def test_hollow_nodes_run_more_jobs_than_gpus_to_the_end_taking_turns(tmp_path):
 
 
 def test_a_job_of_an_unknown_model_fails_naming_it_and_the_rest_run(tmp_path):
-    nodes = HollowNodes(servers=1, gpus=2)
-    backend = Driver(make_policy("fifo"), tmp_path, nodes=nodes)
+    backend, _, clock = hollow("fifo", tmp_path, servers=1, gpus=2)
     backend.submit(JobSpec("bad", 0.0, 1, MODEL), hollow_launch("no-such-net", 10))
     backend.submit(JobSpec("good", 0.0, 1, MODEL), hollow_launch(MODEL, 10))
-    result = backend.run(timeout=60)
+    result = run_to_the_end(backend, clock, timeout=60)
     by_id = {j.spec.id: j for j in result.jobs}
     assert by_id["good"].status == "done"
     assert by_id["bad"].status == "failed" and "no-such-net" in by_id["bad"].reason
@@ -65,7 +105,7 @@ class StalledServer(HollowNodes):
     def _stall(self, job_id: str, devices=()) -> None:
         job = self.jobs.get(job_id)
         on = set(devices) | set(job.devices if job else ())
-        if any(d // self._per_server == 0 for d in on):
+        if any(self.server_of(d) == 0 for d in on):
             self.stalled.add(job_id)
             self.release.wait()
 
@@ -88,22 +128,16 @@ class StalledServer(HollowNodes):
 
 @pytest.mark.timeout(120)
 def test_a_node_that_stalls_every_action_holds_up_neither_the_loop_nor_other_servers(tmp_path):
-    nodes = StalledServer(servers=3, gpus=2, seed=2)
-    backend = Driver(make_policy("gandiva:quantum=1:-pack"), tmp_path, nodes=nodes,
-                           feedback_steps=10)
+    backend, nodes, clock = hollow("gandiva:quantum=1:-packing", tmp_path, StalledServer,
+                                   servers=3, gpus=2, seed=2, feedback_steps=10)
     work = steps_for(nodes, 1.0)
-    loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
-    loop.start()
+    loop, _ = in_background(lambda: backend.run(until_idle=False))
     try:
         for i in range(12):  # 12 jobs on 6 GPUs: every server's jobs take turns
             backend.submit(JobSpec(f"j{i}", 0.0, 1, MODEL, mini_batches=work),
                            hollow_launch(MODEL, work))
-        deadline = time.monotonic() + 60
-        while not (nodes.stalled and sum(r.status == "done" for r in backend.records.values())
-                   >= 6):
-            assert time.monotonic() < deadline, {r.spec.id: r.status
-                                                 for r in backend.records.values()}
-            time.sleep(0.1)
+        clock.run_until(lambda: nodes.stalled and sum(
+            r.status == "done" for r in backend.records.values()) >= 6, limit=60)
         # server 0 has not carried out a single action, yet the others ran jobs to the end,
         # taking turns (suspends confirmed on servers 1 and 2), and the loop answers
         assert not nodes.release.is_set() and nodes.stalled
@@ -115,54 +149,37 @@ def test_a_node_that_stalls_every_action_holds_up_neither_the_loop_nor_other_ser
         assert backend.cluster.transitions  # server 0's jobs: decided, not confirmed
     finally:
         nodes.release.set()
-    deadline = time.monotonic() + 60
-    while not all(r.status == "done" for r in backend.records.values()):  # then all end
-        assert time.monotonic() < deadline, {r.spec.id: r.status
-                                             for r in backend.records.values()}
-        time.sleep(0.1)
-    backend.stop()
-    loop.join(timeout=30)
-    assert not loop.is_alive()
+    clock.run_until(lambda: all(r.status == "done" for r in backend.records.values()),
+                    limit=60)  # then all end
+    stop(backend, clock, loop)
 
 
 def test_the_cluster_view_shows_the_head_of_a_long_queue_and_its_length(tmp_path):
     from gandiva.backends.explain import QUEUE_SHOWN
 
-    nodes = HollowNodes(servers=1, gpus=1)
-    backend = Driver(make_policy("fifo"), tmp_path, nodes=nodes)
+    backend, _, clock = hollow("fifo", tmp_path, servers=1, gpus=1)
     count = QUEUE_SHOWN + 50
     for i in range(count):
         backend.submit(JobSpec(f"j{i:03d}", 0.0, 1, MODEL), hollow_launch(MODEL, 10**9))
-    loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
-    loop.start()
+    loop, _ = in_background(lambda: backend.run(until_idle=False))
     try:
-        deadline = time.monotonic() + 30
-        while backend.view()["queue_length"] != count - 1:  # one runs, the rest wait
-            assert time.monotonic() < deadline, backend.view()["queue_length"]
-            time.sleep(0.05)
+        clock.run_until(lambda: backend.view()["queue_length"] == count - 1)  # one runs
         view = backend.view()
         assert view["queue"] == [f"j{i:03d}" for i in range(1, QUEUE_SHOWN + 1)]
         assert backend.explain(f"j{count - 1:03d}")["queue_position"] == count - 1
     finally:
-        backend.stop()
-        loop.join(timeout=30)
+        stop(backend, clock, loop)
 
 
 def test_the_cluster_view_is_rebuilt_only_where_devices_changed(tmp_path):
-    nodes = HollowNodes(servers=3, gpus=2)
-    backend = Driver(make_policy("fifo"), tmp_path, nodes=nodes)
-    loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
-    loop.start()
+    backend, _, clock = hollow("fifo", tmp_path, servers=3, gpus=2)
+    loop, _ = in_background(lambda: backend.run(until_idle=False))
 
     def placed(count: int) -> dict:
-        deadline = time.monotonic() + 30
-        while True:
-            view = backend.view()
-            on = {j for n in view["nodes"] for d in n["devices"] for j in d["jobs"]}
-            if len(on) == count:
-                return view
-            assert time.monotonic() < deadline, view
-            time.sleep(0.05)
+        def on() -> set[str]:
+            return {j for n in backend.view()["nodes"] for d in n["devices"] for j in d["jobs"]}
+        clock.run_until(lambda: len(on()) == count)
+        return backend.view()
     try:
         backend.submit(JobSpec("a", 0.0, 2, MODEL), hollow_launch(MODEL, 10**9))
         before = placed(1)
@@ -175,15 +192,13 @@ def test_the_cluster_view_is_rebuilt_only_where_devices_changed(tmp_path):
         assert [d["jobs"] for d in node["devices"]] == [["b"], ["b"]]
         assert before["nodes"][changed[0]]["devices"][0]["jobs"] == []  # as it was then
     finally:
-        backend.stop()
-        loop.join(timeout=30)
+        stop(backend, clock, loop)
 
 
 def test_a_cancel_is_on_record_before_its_node_is_told(tmp_path):
     """A server that crashed between the two must not find the job running and bring it
     back: the change is stored (on_flush) before the kill is handed to the node."""
-    nodes = HollowNodes(servers=1, gpus=1)
-    backend = Driver(make_policy("fifo"), tmp_path, nodes=nodes)
+    backend, nodes, clock = hollow("fifo", tmp_path, servers=1, gpus=1)
     changes: list[str] = []
     stored: list[str] = []
     at_send: list[list[str]] = []
@@ -197,53 +212,36 @@ def test_a_cancel_is_on_record_before_its_node_is_told(tmp_path):
         return send(what, run, keys)
     backend.courier.send = spy
     backend.submit(JobSpec("a", 0.0, 1, MODEL), hollow_launch(MODEL, 10**9))
-    loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
-    loop.start()
+    loop, _ = in_background(lambda: backend.run(until_idle=False))
     try:
-        deadline = time.monotonic() + 30
-        while "a" not in nodes.jobs:  # started on its node
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        clock.run_until(lambda: "a" in nodes.jobs)  # started on its node
         backend.cancel("a")
-        while not at_send:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        clock.run_until(lambda: bool(at_send))
         assert "cancelled" in at_send[0]
-        while "a" in nodes.jobs:  # and the node did stop it
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        clock.run_until(lambda: "a" not in nodes.jobs)  # and the node did stop it
         assert backend.records["a"].status == "cancelled"
     finally:
-        backend.stop()
-        loop.join(timeout=30)
+        stop(backend, clock, loop)
 
 
 def test_a_hold_and_new_priorities_asked_together_start_no_job_they_then_stop(tmp_path):
     """As a sweep pauses a trial and promotes others in one step: x is held, a and b raised,
     b above a. b takes x's GPU; neither a nor w (the next by the old priorities) is started
     on it and suspended again."""
-    nodes = HollowNodes(servers=1, gpus=1)
-    backend = Driver(make_policy("gandiva:quantum=1000:-pack"), tmp_path, nodes=nodes)
+    backend, nodes, clock = hollow("gandiva:quantum=1000:-packing", tmp_path, servers=1, gpus=1)
     for name in ("x", "w", "a", "b"):
         backend.submit(JobSpec(name, 0.0, 1, MODEL), hollow_launch(MODEL, 10**9))
-    loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
-    loop.start()
+    loop, _ = in_background(lambda: backend.run(until_idle=False))
     try:
-        deadline = time.monotonic() + 30
-        while "x" not in nodes.jobs or len(backend.cluster.jobs) < 4:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        with backend.requests._lock:  # one step's requests, in the order a sweep asks them
-            backend.requests._asked += [("hold", "x", None), ("priority", "a", 1),
-                                        ("priority", "b", 2)]
-        backend.set_priority("x", 0)  # (wakes the loop; x keeps its priority)
-        while "b" not in nodes.jobs:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        time.sleep(0.5)  # what a late decision would still have sent
+        clock.run_until(lambda: "x" in nodes.jobs and len(backend.cluster.jobs) == 4)
+        # one step's requests, in the order a sweep asks them
+        backend.ask(Request("hold", "x"), Request("priority", "a", 1),
+                    Request("priority", "b", 2))
+        clock.run_until(lambda: "b" in nodes.jobs)
+        later = clock.now() + 5.0  # what a late decision would still have sent
+        clock.run_until(lambda: clock.now() >= later)
         started = {type(a).__name__ + ":" + a.job_id for _, a, _ in backend.actions}
         assert not started & {"Place:a", "Place:w", "Resume:a", "Resume:w"}
         assert backend.records["x"].status == "held"
     finally:
-        backend.stop()
-        loop.join(timeout=30)
+        stop(backend, clock, loop)

@@ -20,12 +20,13 @@ after it on the same keys wait for it, as they must: their devices are not free 
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from gandiva.backends.clock import Clock, WallClock
+from gandiva.backends.clock import INF, Clock, WallClock
 
 
 @dataclass(eq=False)
@@ -51,7 +52,8 @@ class Courier:
         self.clock = clock or WallClock()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gandiva-act")
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
+        self._emptied: queue.Queue[None] = queue.Queue()  # to those in ``wait``
+        self._waiting = 0  # threads in ``wait``
         self._last: dict[Hashable, Task] = {}  # the latest task holding each key
         self._open = 0  # tasks sent and not ended
 
@@ -100,7 +102,8 @@ class Courier:
                         ready.append(after)
                 self._open -= 1
                 if self._open == 0:
-                    self._idle.notify_all()
+                    for _ in range(self._waiting):
+                        self._emptied.put(None)
             for after in ready:
                 self._submit(after)
 
@@ -116,10 +119,24 @@ class Courier:
             return self._open
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait until every task sent has ended; False if ``timeout`` (seconds of wall time:
-        a bound on how long a caller is held up) passed first."""
+        """Wait until every task sent has ended; False if ``timeout`` (on the courier's
+        clock) passed first."""
+        until = INF if timeout is None else self.clock.now() + timeout
         with self._lock:
-            return self._idle.wait_for(lambda: self._open == 0, timeout)
+            self._waiting += 1
+        try:
+            while True:
+                with self._lock:
+                    if self._open == 0:
+                        return True
+                try:
+                    self.clock.get(self._emptied, until)
+                except queue.Empty:
+                    with self._lock:
+                        return self._open == 0
+        finally:
+            with self._lock:
+                self._waiting -= 1
 
     def close(self, timeout: float | None = None) -> None:
         self.wait(timeout)

@@ -6,11 +6,13 @@ completions, failures) become events; the policy's actions go to the nodes, whic
 out off the loop (``courier``). The nodes are this machine's agent by default (the ``local``
 backend: one device per GPU, or CPU slots standing in for GPUs, one core each, so that the
 whole system runs anywhere), Ray's (``ray``) or hollow ones (``hollow``). What readers see is
-in ``explain``, what users ask of their jobs in ``requests``.
+in ``explain``; what users ask of their jobs (``requests``) is a queue the loop drains. It
+runs on a ``clock``: the wall clock, or a virtual one that tests move.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import os
 import queue
@@ -25,12 +27,13 @@ from pathlib import Path
 
 from gandiva import actions as A
 from gandiva import events as E
+from gandiva.backends.clock import NO_WAIT, Clock, WallClock
 from gandiva.backends.courier import Courier, Task
 from gandiva.backends.explain import Seen
-from gandiva.backends.nodes import Nodes
-from gandiva.backends.requests import Requests
+from gandiva.backends.nodes import AgentEvent, Launch, Nodes
+from gandiva.backends.requests import Request, Requests
 from gandiva.job import wire
-from gandiva.node.agent import ACK_TIMEOUT_S, Agent, AgentEvent, Launch
+from gandiva.node.agent import ACK_TIMEOUT_S, Agent
 from gandiva.node.devices import HEADROOM
 from gandiva.run import COUNTED, JobRun, RunResult, no_counts
 from gandiva.scheduler import Scheduler
@@ -111,7 +114,7 @@ class _Batch:
 
     event: E.Event
     actions: int
-    decided: float  # monotonic
+    decided: float  # on the driver's clock
     left: int  # not yet carried out
 
 
@@ -145,9 +148,12 @@ class Driver:
 
     def __init__(self, policy, workdir: Path, slots: int | None = None, threads: int = 1,
                  checkpoint_every_s: float = 300.0, feedback_steps: int = 100,
-                 max_restarts: int | None = None, nodes: Nodes | None = None) -> None:
+                 max_restarts: int | None = None, nodes: Nodes | None = None,
+                 clock: Clock | None = None) -> None:
         """``nodes``: what runs the jobs (``gandiva.backends.nodes``: the ray backend's
-        ``RayNodes``, ``HollowNodes``); by default one ``Agent`` on this machine's devices."""
+        ``RayNodes``, ``HollowNodes``); by default one ``Agent`` on this machine's devices.
+        ``clock``: the wall clock by default; hollow nodes in tests share a virtual one."""
+        self.clock = clock or WallClock()
         if nodes is None:
             devices, kind, memory = detect_devices(slots, threads)
             self.cluster = one_node(devices, kind, memory)
@@ -174,7 +180,7 @@ class Driver:
         self._next_overdue_check = 0.0
         self._snapshot_cost = 0.0
         self.timeline: list[tuple[int, str, float, float, bool]] = []
-        self.t0 = time.monotonic()
+        self.t0 = self.clock.now()
         # called with a job's record and what happened to it ("running", "suspended",
         # "migrated", "resized", "restarted", "held", "done", "failed", "cancelled",
         # "feedback"): where a server persists it
@@ -189,7 +195,8 @@ class Driver:
         self.observer = Observer()
         self.cluster.confirms = True  # actions take time here: jobs are in transition
         low, high = ACTION_WORKERS
-        self.courier = Courier(self._acted, workers=min(high, max(low, len(self.devices))))
+        self.courier = Courier(self._acted, workers=min(high, max(low, len(self.devices))),
+                               clock=self.clock)
         self.inflight: dict[str, Task] = {}  # job -> its latest action, until confirmed
         self.overdue: set[str] = set()
         self._sent: list[Task] | None = None  # tasks sent while an event is being handled
@@ -198,7 +205,10 @@ class Driver:
         self._stopping = False
         self._drain_s = 0.0
         self._beat: float | None = None  # when the loop last went round (None: not running)
-        self.requests = Requests(self)  # what users ask of their jobs
+        self.requests = Requests()  # what users ask of their jobs, until the loop takes it
+        self._limited: dict[str, None] = {}  # jobs with a time limit, not yet ended
+        # jobs withdrawn before their node started them: an action sent before must not
+        self._withdrawn: set[str] = set()
         self.samples: deque[tuple[float, int, float]] = deque(maxlen=SAMPLES_KEPT)
         self._next_sample = 0.0
         self._dirty = True
@@ -206,7 +216,7 @@ class Driver:
         self.seen = Seen(self.cluster, policy, self.devices)  # what readers see
 
     def now(self) -> float:
-        return time.monotonic() - self.t0
+        return self.clock.now() - self.t0
 
     def submit(self, spec: JobSpec, launch: Launch, time_limit: float | None = None,
                held: bool = False) -> None:
@@ -232,11 +242,20 @@ class Driver:
                                               status=JobState.HELD if held else JobState.QUEUED)
             if not held:
                 heapq.heappush(self.pending, (spec.submit_time, len(self.launches), spec))
-        if time_limit is not None:
-            self.requests.limit(spec.id)
+            if time_limit is not None:
+                self._limited[spec.id] = None
         self.agent.events.put(AgentEvent("wake", spec.id))  # the loop may be waiting
 
     # ---- what users ask of a job (safe from any thread; see ``requests``) ----------------
+    def ask(self, *requests: Request) -> None:
+        """Have the loop carry out ``requests`` together, at its next step (in the order
+        ``requests.in_order`` gives)."""
+        for r in requests:
+            if r.job_id not in self.records:
+                raise ValueError(f"no job {r.job_id!r}")
+        self.requests.put(*requests)
+        self.agent.events.put(AgentEvent("wake", ""))  # the loop may be waiting
+
     def cancel(self, job_id: str, reason: str = "cancelled") -> None:
         """Cancel a job, queued, running, suspended or held; it reports "cancelled", with
         ``reason`` (e.g. a sweep's, for the trial it stopped)."""
@@ -256,21 +275,80 @@ class Driver:
         self._ask("priority", job_id, priority)
 
     def _ask(self, what: str, job_id: str, arg: object = None) -> None:
-        self.requests.ask(what, job_id, arg)
-        self.agent.events.put(AgentEvent("wake", job_id))  # the loop may be waiting
+        self.ask(Request(what, job_id, arg))
 
-    def requeue(self, spec: JobSpec) -> None:
-        """(The loop.) The job arrives again, as ``spec`` says (a held job released)."""
-        with self._lock:
-            heapq.heappush(self.pending, (spec.submit_time, len(self.launches), spec))
+    def _carry_out(self) -> None:
+        """(The loop.) Everything users asked since the last step, then the time limits."""
+        for r in self.requests.drain():
+            rec = self.records[r.job_id]
+            if rec.status in TERMINAL:
+                continue
+            if r.what == "cancel":
+                self._end(rec, JobState.CANCELLED, str(r.arg or "cancelled"))
+            elif r.what == "hold" and rec.status != JobState.HELD:
+                self.set(rec, "held", JobState.HELD)  # on record before its node is told
+                self._withdraw(rec, how="held")
+            elif r.what == "release" and rec.status == JobState.HELD:
+                spec = dataclasses.replace(rec.spec, submit_time=self.now())
+                with self._lock:  # it arrives again
+                    heapq.heappush(self.pending, (spec.submit_time, len(self.launches), spec))
+                self.set(rec, "released", JobState.QUEUED)
+            elif r.what == "priority":
+                priority = int(r.arg)  # type: ignore[call-overload]
+                rec.spec = dataclasses.replace(rec.spec, priority=priority)
+                if self._in_state(r.job_id):
+                    self.handle(E.PriorityChange(self.now(), r.job_id, rec.spec.priority))
+        self._time_limits()
 
-    def unqueue(self, job_id: str) -> None:
-        """(The loop.) The job will not arrive (it was withdrawn before it did)."""
-        with self._lock:
+    def _time_limits(self) -> None:
+        """Stop the jobs that ran past their limit (its turns on a device counted, not its
+        waits, as Slurm's TIMEOUT): only the jobs that have one, not every running job."""
+        now = self.now()
+        with self._lock:  # (the API's threads submit meanwhile)
+            limited = list(self._limited)
+        for job_id in limited:
+            rec = self.records[job_id]
+            if rec.status in TERMINAL:
+                with self._lock:
+                    del self._limited[job_id]
+            elif rec.running_since is not None and rec.running_time(now) >= rec.time_limit:
+                self._end(rec, JobState.FAILED,
+                          f"time limit reached: it ran {rec.time_limit:g} s")
+
+    def _end(self, rec: JobRecord, state: JobState, reason: str) -> None:
+        """Stop the job for good, in ``state`` for ``reason``."""
+        rec.finish = self.now()
+        rec.reason = reason
+        # on record before its node is told: a server that crashes in between must not
+        # bring a cancelled job back
+        self.set(rec, state, state)
+        self._withdraw(rec, how=state)
+
+    def _withdraw(self, rec: JobRecord, how: str) -> None:
+        """Take the job out of the arrivals, its node and the cluster state: held jobs
+        checkpoint first; cancelled and timed-out ones are killed."""
+        job_id, nodes = rec.spec.id, self.agent
+        with self._lock:  # it will not arrive
             self.pending = [p for p in self.pending if p[2].id != job_id]
             heapq.heapify(self.pending)
+        stop = nodes.park if how == "held" else nodes.kill
 
-    def stopped_running(self, rec: JobRecord) -> None:
+        def withdraw() -> Future | None:
+            if job_id in nodes.jobs:
+                return stop(job_id)
+            self._withdrawn.add(job_id)  # not started yet
+            return None
+        self.send(job_id, how, withdraw, rec.devices)
+        self._stopped_running(rec)
+        if self._in_state(job_id):
+            self.handle(E.Departure(self.now(), job_id, how="cancelled"))
+
+    def _in_state(self, job_id: str) -> bool:
+        """Whether the cluster state has the job, not yet ended."""
+        job = self.cluster.jobs.get(job_id)
+        return job is not None and job.status not in (JobStatus.DONE, JobStatus.KILLED)
+
+    def _stopped_running(self, rec: JobRecord) -> None:
         if rec.running_since is not None:
             rec.ran += self.now() - rec.running_since
             rec.running_since = None
@@ -279,7 +357,7 @@ class Driver:
         """Whether ``run`` is going round: it waits at most 0.5 s a step, and an action may
         wait for a job's mini-batch boundary (the agent's ACK_TIMEOUT_S), so a loop silent
         for longer than LOOP_STALL_S is stuck."""
-        return self._beat is not None and time.monotonic() - self._beat < LOOP_STALL_S
+        return self._beat is not None and self.clock.now() - self._beat < LOOP_STALL_S
 
     def stop(self, drain_s: float = 0.0) -> None:
         """Make ``run`` return at its next step. With ``drain_s`` (a server stopping for an
@@ -314,7 +392,7 @@ class Driver:
             if status == JobState.RUNNING and rec.running_since is None:
                 rec.running_since = self.now()
             elif status != JobState.RUNNING:
-                self.stopped_running(rec)
+                self._stopped_running(rec)
         self._dirty = True
         if self.on_change is not None:
             self.on_change(rec, what)
@@ -323,10 +401,10 @@ class Driver:
     def run(self, timeout: float | None = None, until_idle: bool = True) -> RunResult:
         """The loop; returns once every job has finished or failed (``until_idle``), or, as
         a server's loop (``until_idle=False``), when ``stop`` is called."""
-        self.t0 = time.monotonic()
+        self.t0 = self.clock.now()
         try:
             while not self._stopping and (not until_idle or self._unfinished()):
-                self._beat = time.monotonic()
+                self._beat = self.clock.now()
                 if timeout is not None and self.now() > timeout:
                     raise TimeoutError(f"jobs still running after {timeout:.0f} s")
                 self._step()
@@ -354,12 +432,12 @@ class Driver:
             deadlines.append(self._snapshot_at + SNAPSHOT_EVERY_S)
         wait = max(0.0, min([0.5, *(d - self.now() for d in deadlines)]))
         try:  # what the nodes said, a batch at a time: its changes are stored together
-            self._on_agent(self.agent.events.get(timeout=wait))
+            self._on_agent(self.clock.get(self.agent.events, self.clock.now() + wait))
             for _ in range(AGENT_EVENTS_PER_STEP - 1):
-                self._on_agent(self.agent.events.get_nowait())
+                self._on_agent(self.clock.get(self.agent.events, NO_WAIT))
         except queue.Empty:
             pass
-        self.requests.carry_out()  # what users asked for; time limits
+        self._carry_out()  # what users asked for; time limits
         while True:
             with self._lock:
                 if not self.pending or self.pending[0][0] > self.now():
@@ -371,8 +449,8 @@ class Driver:
             while self.wakes and self.wakes[0] <= self.now():
                 heapq.heappop(self.wakes)
             self.handle(E.Tick(self.now()))
-        if self.inflight and time.monotonic() >= self._next_overdue_check:
-            self._next_overdue_check = time.monotonic() + 1.0  # a deadline of minutes
+        if self.inflight and self.clock.now() >= self._next_overdue_check:
+            self._next_overdue_check = self.clock.now() + 1.0  # a deadline of minutes
             self._check_overdue()
         if self.now() >= self._next_sample:
             self._sample()
@@ -483,7 +561,7 @@ class Driver:
             sent, self._sent = self._sent, outer
         self.observer.decision(event, time.perf_counter() - t)
         if sent:  # settled when the last of them is carried out
-            batch = _Batch(event, len(sent), time.monotonic(), len(sent))
+            batch = _Batch(event, len(sent), self.clock.now(), len(sent))
             for task in sent:
                 self._batches[task] = batch
         self._track()
@@ -522,8 +600,10 @@ class Driver:
             def do() -> Future | None:
                 if not fresh and job in agent.jobs:
                     return agent.resume(job, gpus)
-                if fresh or job not in agent.ended:  # a start, or packed before it ran
-                    return agent.start(job, launch, gpus)
+                if fresh:
+                    self._withdrawn.discard(job)
+                if fresh or not (job in agent.ended or job in self._withdrawn):
+                    return agent.start(job, launch, gpus)  # a start, or packed before it ran
                 return None  # it finished meanwhile; its Departure is on its way
         elif isinstance(action, (A.Suspend, A.Unpack)):
             self.set(rec, "suspended", JobState.SUSPENDED)
@@ -578,7 +658,7 @@ class Driver:
             batch.left -= 1
             if batch.left == 0:
                 self.observer.settled(batch.event, batch.actions,
-                                      time.monotonic() - batch.decided)
+                                      self.clock.now() - batch.decided)
         rec = self.records.get(job)
         if error is not None and rec is not None and rec.status not in TERMINAL:
             # the node could not do it (e.g. a process that cannot start): the job fails,
@@ -599,7 +679,7 @@ class Driver:
         """An action its node has not carried out within ACTION_DEADLINE_S is a failure of
         that action (reported on the job, counted), not of the loop: the job stays in
         transition, and its devices wait for it, until the node answers."""
-        now = time.monotonic()
+        now = self.clock.now()
         for job, task in list(self.inflight.items()):
             if job in self.overdue or now - (task.started or task.sent) < ACTION_DEADLINE_S:
                 continue

@@ -16,7 +16,8 @@ What each action costs, from our own measurements (``gandiva/data/models.json`` 
 
 Every action answers asynchronously: it returns a ``Future`` that one timer thread completes
 after the action's latency (``courier``), so a thousand servers' round holds no thread per
-action under way, as a real node's agent would not.
+action under way, as a real node's agent would not. The timers run on a ``Clock``: the wall
+clock, or the loop's virtual one in tests.
 
 A job's command is ``hollow_launch(model, steps)``: what it trains and for how many steps of
 its loop. Its log is empty: there is no process to write one.
@@ -30,13 +31,13 @@ import logging
 import queue
 import random
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from gandiva.backends.clock import INF, NO_WAIT, Clock, WallClock
+from gandiva.backends.nodes import AgentEvent, Launch
 from gandiva.job import wire
-from gandiva.node.agent import AgentEvent, Launch
 from gandiva.sim.perf import PerfModel, default_perf_model
 from gandiva.state import Cluster
 
@@ -59,7 +60,7 @@ class _Job:
     steps: float  # of the job's loop, in all
     devices: tuple[int, ...]
     done: float = 0.0
-    since: float | None = None  # running since (monotonic); None while suspended
+    since: float | None = None  # running since (on the nodes' clock); None while suspended
     version: int = 0  # bumped at every change: timers set before are void
 
 
@@ -68,7 +69,9 @@ class HollowNodes:
     (see ``gandiva.backends.nodes``), with no processes."""
 
     def __init__(self, servers: int, gpus: int = 8, gpu_type: str = "V100",
-                 perf: PerfModel | None = None, seed: int = 0) -> None:
+                 perf: PerfModel | None = None, seed: int = 0, clock: Clock | None = None
+                 ) -> None:
+        self.clock = clock or WallClock()
         self.perf = perf or default_perf_model()
         self.gpu_type = gpu_type
         self._spec = f"{servers}x{gpus}:{gpu_type}"
@@ -83,7 +86,7 @@ class HollowNodes:
         # action's "act" (what: (what it does, its future))
         self._timers: list[tuple[float, int, str, object]] = []
         self._seq = itertools.count()
-        self._wake = threading.Condition(self._lock)
+        self._kick: queue.Queue[None] = queue.Queue()  # a timer was set
         self._closed = False
         self._thread = threading.Thread(target=self._run_timers, name="gandiva-hollow",
                                         daemon=True)
@@ -119,8 +122,11 @@ class HollowNodes:
         with self._lock:
             return self._rng.uniform(0.0, 1.0 / self._rate(job))
 
+    def server_of(self, device: int) -> int:
+        return device // self._per_server
+
     def _servers(self, devices: tuple[int, ...]) -> set[int]:
-        return {d // self._per_server for d in devices}
+        return {self.server_of(d) for d in devices}
 
     # ---- the Nodes interface ------------------------------------------------------------
     def start(self, job_id: str, launch: Launch, devices: tuple[int, ...]) -> Future:
@@ -190,7 +196,7 @@ class HollowNodes:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            self._wake.notify()
+        self._kick.put(None)
         self._thread.join(timeout=5)
         with self._lock:
             left = [what[1] for _, _, kind, what in self._timers if kind == "act"]
@@ -207,13 +213,13 @@ class HollowNodes:
             if self._closed:  # nobody would carry it out
                 done.cancel()
                 return done
-            heapq.heappush(self._timers, (time.monotonic() + delay, next(self._seq), "act",
+            heapq.heappush(self._timers, (self.clock.now() + delay, next(self._seq), "act",
                                           (then, done)))
-            self._wake.notify()
+        self._kick.put(None)
         return done
 
     def _run(self, job: _Job) -> None:
-        job.since = time.monotonic()
+        job.since = self.clock.now()
         job.version += 1
         rate = self._rate(job)
         self._timer(job.since + (job.steps - job.done) / rate, job, "done")
@@ -221,7 +227,7 @@ class HollowNodes:
 
     def _pause(self, job: _Job) -> None:
         if job.since is not None:
-            job.done = min(job.steps, job.done + (time.monotonic() - job.since) * self._rate(job))
+            job.done = min(job.steps, job.done + (self.clock.now() - job.since) * self._rate(job))
             job.since = None
         job.version += 1
 
@@ -232,7 +238,7 @@ class HollowNodes:
 
     def _timer(self, at: float, job: _Job, kind: str) -> None:
         heapq.heappush(self._timers, (at, next(self._seq), kind, (job.id, job.version)))
-        self._wake.notify()
+        self._kick.put(None)
 
     def _run_timers(self) -> None:
         while True:
@@ -240,7 +246,7 @@ class HollowNodes:
             with self._lock:
                 if self._closed:
                     return
-                now = time.monotonic()
+                now = self.clock.now()
                 while self._timers and self._timers[0][0] <= now:
                     _, _, kind, what = heapq.heappop(self._timers)
                     if kind == "act":
@@ -255,13 +261,23 @@ class HollowNodes:
                         self._progress(kind, *what, now)
                     except Exception:  # noqa: BLE001
                         log.exception("hollow nodes: %s of job %s", kind, what[0])
-                if not acted:
-                    self._wake.wait(self._timers[0][0] - now if self._timers else None)
+                until = self._timers[0][0] if self._timers else INF
             for future, error in acted:  # outside the lock: the courier goes on from here
                 if error is None:
                     future.set_result(None)
                 else:
                     future.set_exception(error)
+            if not acted:
+                self._sleep(until)
+
+    def _sleep(self, until: float) -> None:
+        """Until the clock reads ``until``, or a timer is set (then every such kick at once)."""
+        try:
+            self.clock.get(self._kick, until)
+            while True:
+                self.clock.get(self._kick, NO_WAIT)
+        except queue.Empty:
+            pass
 
     def _progress(self, kind: str, job_id: str, version: int, now: float) -> None:
         job = self.jobs.get(job_id)
