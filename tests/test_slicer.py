@@ -142,3 +142,19 @@ def test_every_job_of_a_simulated_trace_finishes_and_time_slicing_shares_the_gpu
     assert result.counts["suspends"] > 0
     # every job started within a few turns of arriving, not after the ones ahead of it ended
     assert max(r.start - r.submit for r in result.jobs) < 600.0
+
+
+def test_where_actions_take_time_a_turn_begins_once_the_node_has_started_the_job():
+    sched, actions = drive("1x2", "slicer:quantum=10")
+    sched.cluster.confirms = True  # as on a real backend: a start lasts until confirmed
+    for event in (arrive("a"), arrive("b"), arrive("c"), E.Tick(10.0)):
+        sched.handle(event)
+    assert running(sched) == ["a", "b"]  # not started yet at 10 s: no turn has begun
+    sched.handle(E.Confirmed(12.0, "a"))
+    sched.handle(E.Confirmed(12.0, "b"))
+    sched.handle(profile("a", 12.5, 1.0))  # the first event after: the turns begin now
+    assert actions[-1] == A.Wake(22.5)
+    sched.handle(E.Tick(22.0))
+    assert running(sched) == ["a", "b"]
+    sched.handle(E.Tick(22.5))
+    assert running(sched) == ["b", "c"]

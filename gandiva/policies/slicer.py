@@ -4,7 +4,10 @@ Jobs take free GPUs first come, first served (``best_fit``: a gang whole, over w
 where it spans them). While jobs wait, each running job yields once it has had a ``quantum``
 of turn: the jobs that run next are the running ones still within their turn, then the
 waiting ones in the order they began to wait, then the running ones with the newest turn,
-as many as the GPUs hold; the others are suspended and join the back of the line.
+as many as the GPUs hold; the others are suspended and join the back of the line. Where
+actions take time (a real backend: ``Cluster.confirms``), a turn begins once the job's node
+has started it, as the first event after its confirmation shows: a slow restore does not
+eat the turn, and a job moved every quantum still trains.
 
 Two optional mechanisms, off by default:
 
@@ -91,11 +94,11 @@ class Slicer:
     book: Book = field(default_factory=Book, init=False, repr=False)
     # job -> when it last began to run or to wait (its place in the line, its turn's start)
     _since: dict[str, float] = field(default_factory=dict, repr=False)
+    # jobs started whose node has not confirmed it yet: their turn has not begun
+    _starting: dict[str, None] = field(default_factory=dict, repr=False)
     _wake: float = -1.0
 
     def decide(self, event: E.Event, cluster: Cluster) -> Iterator[A.Action]:
-        if isinstance(event, E.ProfileSample) and not self.pack:
-            return  # (only packing waits for a job's memory)
         self._observe(event, cluster)
         yield from self._shrink(cluster)
         if self.pack:
@@ -111,6 +114,13 @@ class Slicer:
     # ---- bookkeeping ----------------------------------------------------------------------
     def _observe(self, event: E.Event, cluster: Cluster) -> None:
         self.book.add_servers(cluster)
+        for jid in list(self._starting):
+            job = cluster.jobs.get(jid)
+            if job is None or job.status is not JobStatus.RUNNING:
+                del self._starting[jid]
+            elif jid not in cluster.transitions:  # its node has started it: the turn begins
+                del self._starting[jid]
+                self._since[jid] = cluster.now
         if isinstance(event, E.Arrival):
             self._since[event.job.id] = event.time
         elif isinstance(event, E.Departure):
@@ -128,6 +138,8 @@ class Slicer:
         self._since[job.id] = cluster.now
         if job.gpus:
             self.book.assign(cluster, job)
+            if cluster.confirms:
+                self._starting[job.id] = None
 
     def _line(self, cluster: Cluster) -> list[Job]:
         """Waiting jobs, longest-waiting first."""
@@ -141,7 +153,7 @@ class Slicer:
         return [j for j in jobs if all(len(cluster.gpus[g].jobs) == 1 for g in j.gpus)]
 
     def _in_turn(self, job: Job, now: float) -> bool:
-        return now - self._since[job.id] < self.quantum
+        return job.id in self._starting or now - self._since[job.id] < self.quantum
 
     # ---- decisions ------------------------------------------------------------------------
     def _rotate(self, cluster: Cluster) -> Iterator[A.Action]:
@@ -221,9 +233,14 @@ class Slicer:
         if not (cluster.queue or cluster.suspended) and not (
                 self.grow and cluster.free_count() and any(j.spec.elastic for j in running)):
             return None
+        now = cluster.now
         ends = [self._since[j.id] + self.quantum for j in running
-                if self._in_turn(j, cluster.now)]
-        return min(ends, default=None)
+                if j.id not in self._starting and self._in_turn(j, now)]
+        if ends:
+            return min(ends)
+        if any(j.id in self._starting for j in running) and self._wake <= now:
+            return now + self.quantum  # (a job that never reports: look again then)
+        return None
 
 
 POLICY = Slicer
