@@ -6,12 +6,12 @@ import gc
 import shutil
 import socket
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import uvicorn
 from serving import free_port
+from waiting import first_ok, until
 
 pytest.importorskip("torch")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -73,8 +73,7 @@ def test_a_chunked_body_is_answered_413_as_it_passes_the_limit_not_read_to_its_e
                                            port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    while not server.started:
-        time.sleep(0.05)
+    until(lambda: server.started, 60, "uvicorn to start")
     try:
         with socket.create_connection(("127.0.0.1", port)) as conn:
             conn.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
@@ -143,11 +142,8 @@ def test_a_user_with_too_many_unfinished_jobs_gets_429_and_others_do_not(api):
                        ).json()[-1]
     assert client.post(f"/v1/jobs/{first['id']}/cancel", headers=auth(tokens["ada"])
                        ).status_code == 200
-    deadline = time.monotonic() + 30
-    while client.post("/v1/jobs", json=job("again"), headers=auth(tokens["ada"])
-                      ).status_code != 201:
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    until(lambda: client.post("/v1/jobs", json=job("again"), headers=auth(tokens["ada"])
+                              ).status_code == 201, 30, "room for one more job", every=0.1)
 
 
 # ---- listing ---------------------------------------------------------------------------
@@ -247,10 +243,7 @@ def test_health_and_readiness_need_no_token_and_readiness_checks_the_loop(api):
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["problems"] == []
     service.backend.stop()
-    deadline = time.monotonic() + 30
-    while client.get("/readyz").status_code != 503:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    until(lambda: client.get("/readyz").status_code == 503, 30, "not ready", every=0.05)
     assert "scheduler loop" in client.get("/readyz").json()["problems"][0]
 
 
@@ -273,11 +266,9 @@ def test_metrics_follow_prometheus_naming_with_counters_process_and_build_info(a
                         headers=auth(tokens["ada"])).json()
     client.post("/v1/jobs", json=job("m", submission_id="once"), headers=auth(tokens["ada"]))
     client.post(f"/v1/jobs/{first['id']}/cancel", headers=auth(tokens["ada"]))
-    deadline = time.monotonic() + 30
-    while 'gandiva_jobs_finished_total{state="cancelled"} 1.0' not in (
-            text := client.get("/metrics").text):
-        assert time.monotonic() < deadline, text
-        time.sleep(0.1)
+    text = first_ok(lambda: client.get("/metrics").text,
+                    lambda t: 'gandiva_jobs_finished_total{state="cancelled"} 1.0' in t,
+                    30, "the cancel counted", every=0.05)
     assert "gandiva_jobs_submitted_total 1.0" in text  # the retry made no second job
     assert "# TYPE gandiva_job_restarts_total counter" in text
     assert "# TYPE gandiva_device_utilisation_ratio gauge" in text
