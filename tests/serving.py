@@ -7,11 +7,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from waiting import until
 
 GANDIVA = [sys.executable, "-m", "gandiva.cli"]
 CPU_ONLY = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # CPU slots, whatever GPUs there are
@@ -42,35 +43,37 @@ def add_user(home: Path, name: str, admin: bool = False, db: str | None = None) 
 
 
 @contextmanager
-def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str = "gandiva",
+def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str | None = None,
             slots: int = 2, db: str | None = None, args: tuple[str, ...] = (),
             up_s: float = 60) -> Iterator[Server]:
     """Users added, then `gandiva server` up (its /v1/whoami answers); SIGTERM at the end,
-    SIGKILL if it does not stop. ``db``: a database URL (default: SQLite in ``home``);
-    ``args``: more of the server's options."""
+    SIGKILL if it does not stop. ``policy``: a policy spec (default: the server's default
+    policy); ``db``: a database URL (default: SQLite in ``home``); ``args``: more of the
+    server's options."""
     import httpx2
 
     tokens = {u: add_user(home, u, db=db) for u in users}
     port, log = free_port(), home / "server.log"
     with log.open("w") as out:
         proc = subprocess.Popen([*GANDIVA, "server", "--home", str(home), "--port", str(port),
-                                 "--slots", str(slots), "--policy", policy,
+                                 "--slots", str(slots),
+                                 *(["--policy", policy] if policy else []),
                                  *(["--db", db] if db else []), *args],
                                 stdout=out, stderr=subprocess.STDOUT, env=CPU_ONLY)
     srv = Server(f"http://127.0.0.1:{port}", home, tokens, proc)
+    def up() -> bool:
+        try:
+            return httpx2.get(f"{srv.url}/v1/whoami", timeout=2, headers={
+                "Authorization": f"Bearer {tokens[users[0]]}"}).status_code == 200
+        except httpx2.TransportError:
+            return False
+
     try:
-        deadline = time.monotonic() + up_s
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                r = httpx2.get(f"{srv.url}/v1/whoami", timeout=2,
-                               headers={"Authorization": f"Bearer {tokens[users[0]]}"})
-                if r.status_code == 200:
-                    break
-            except httpx2.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"the server did not come up: {log.read_text()}"
-            time.sleep(0.2)
+        try:
+            until(up, up_s, "the server to answer", alive=lambda: proc.poll() is None,
+                  every=0.1)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{log.read_text()}") from None
         yield srv
     finally:
         stop(proc)

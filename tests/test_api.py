@@ -3,13 +3,13 @@
 import json
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 from fastapi.testclient import TestClient  # noqa: E402
+from waiting import first_ok, until  # noqa: E402
 
 from gandiva.backends.driver import Driver  # noqa: E402
 from gandiva.policies import make_policy  # noqa: E402
@@ -19,8 +19,8 @@ from gandiva.server.store import Store  # noqa: E402
 CNN = str(Path(__file__).resolve().parents[1] / "examples" / "cnn.py")
 
 
-# round-robin slices (the paper's order): every turn changes who runs, and the tests count turns
-SLICING = "gandiva:quantum=1:slice_order=roundrobin"
+# round robin, a second a turn: every turn changes who runs, and the tests count turns
+SLICING = "slicer:quantum=1"
 
 
 @pytest.fixture(params=[SLICING])
@@ -61,22 +61,14 @@ def submit_long(client, headers, n):
 
 
 def wait_state(client, job_id, token, states, timeout=120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def reached():
         job = client.get(f"/v1/jobs/{job_id}", headers=auth(token)).json()
-        if job["state"] in states:
-            return job
-        time.sleep(0.2)
-    raise AssertionError(f"{job_id} never reached {states}: {job}")
+        return job if job["state"] in states else None
+    return until(reached, timeout, f"{job_id} to reach {states}", every=0.1)
 
 
-def poll(get, ok, timeout=30):
-    deadline = time.monotonic() + timeout
-    while not ok(value := get()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still {value!r} after {timeout} s")
-        time.sleep(0.1)
-    return value
+def poll(get, ok, timeout=60):
+    return first_ok(get, ok, timeout, every=0.1)
 
 
 def test_unauthenticated_requests_get_401(server):
@@ -155,10 +147,10 @@ def test_explain_says_why_a_job_is_not_running(server):
                lambda w: not w["reason"].startswith("submitted;"))  # the view lags
     if why["state"] == "queued" and why["queue_position"]:  # fifo: a queue
         assert why["reason"] == "waiting for 1 free device(s); 0 of 2 free now; 1 in line"
-    else:  # gandiva: over-subscribed, it takes turns
+    else:  # slicer: over-subscribed, it takes turns
         assert "time-sliced" in why["reason"] or why["reason"].startswith("running on")
     first = client.get(f"/v1/jobs/{ids[0]}/explain", headers=ada).json()["reason"]
-    assert first.startswith("running on device") or "time-sliced" in first  # gandiva rotates
+    assert first.startswith("running on device") or "time-sliced" in first  # turns rotate
     assert client.get(f"/v1/jobs/{ids[2]}/explain",
                       headers=auth(tokens["bob"])).status_code == 404
     for job_id in ids:
@@ -237,7 +229,7 @@ def test_cluster_view_metrics_and_event_stream_while_jobs_time_slice(server):
     client, tokens, _ = server
     ada, bob = auth(tokens["ada"]), auth(tokens["bob"])
     ids = submit_long(client, ada, 2) + submit_long(client, bob, 1)  # 3 jobs, 2 slots
-    # gandiva over-subscribes: two run, one waits its turn on the node; they rotate
+    # over-subscribed: two run, one waits its turn on the node; they rotate
     view = poll(lambda: client.get("/v1/cluster", headers=ada).json(),
                 lambda v: all(len(d["jobs"]) == 1 for d in v["nodes"][0]["devices"])
                 and len(v["nodes"][0]["time_sliced"]) == 1)

@@ -7,13 +7,13 @@ import shutil
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 from serving import GANDIVA, running  # noqa: E402
+from waiting import first_ok  # noqa: E402
 
 from gandiva.client import Client, Settings  # noqa: E402
 
@@ -23,7 +23,7 @@ CNN = Path(__file__).resolve().parents[1] / "examples" / "cnn.py"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     home = tmp_path_factory.mktemp("client") / "home"
-    with running(home, users=("alice", "bob"), policy="gandiva:-pack:quantum=2") as srv:
+    with running(home, users=("alice", "bob"), policy="slicer:quantum=2") as srv:
         shutil.copy(CNN, srv.user_dir("alice") / "cnn.py")
         yield srv
 
@@ -59,11 +59,7 @@ def spec(tmp_path: Path, text: str) -> Path:
 
 
 def wait_for(get, ok, timeout=60):
-    deadline = time.monotonic() + timeout
-    while not ok(value := get()):
-        assert time.monotonic() < deadline, f"still {value!r}"
-        time.sleep(0.3)
-    return value
+    return first_ok(get, ok, timeout, every=0.3)  # (a CLI call is a process: not too often)
 
 
 def test_submit_follow_show_and_list(server, alice, tmp_path):
@@ -84,7 +80,7 @@ def test_submit_follow_show_and_list(server, alice, tmp_path):
 
 def test_time_slicing_seen_through_explain_and_cluster_and_steered(server, alice, tmp_path):
     ids = []
-    for i in range(3):  # 3 jobs on 2 slots: gandiva over-subscribes and time-slices
+    for i in range(3):  # 3 jobs on 2 slots: over-subscribed, they take turns
         job = spec(tmp_path, f"name: long{i}\ncommand: python cnn.py --steps 100000\n")
         ids.append(cli("submit", str(job), config=alice).stdout.strip())
     out = wait_for(lambda: cli("cluster", config=alice).stdout,
