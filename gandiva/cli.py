@@ -475,19 +475,12 @@ def traces() -> None:
 @app.command()
 def policies() -> None:
     """List the policies and their parameters."""
-    import dataclasses
-    import importlib
-
-    from gandiva.policies import available
+    from gandiva.policies import available, parameters, summary
 
     for name in available():
-        cls = importlib.import_module(f"gandiva.policies.{name}").POLICY
-        hidden = ("name", "spec", "rng")
-        params = [f"{f.name}={f.default!r}" for f in dataclasses.fields(cls)
-                  if f.init and not f.name.startswith("_") and f.name not in hidden]
-        console.print(f"[bold]{name}[/]  {' '.join(params)}")
-        doc = (cls.__module__ and importlib.import_module(cls.__module__).__doc__) or ""
-        console.print(f"  [dim]{doc.strip().splitlines()[0]}[/]")
+        params = " ".join(f"{k}={v!r}" for k, v in parameters(name).items())
+        console.print(f"[bold]{name}[/]  {params}")
+        console.print(f"  [dim]{summary(name)}[/]")
 
 
 cli_jobs.register(app, user_app)  # submit, jobs, show, logs, cancel, ...: a server's client

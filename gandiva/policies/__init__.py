@@ -37,6 +37,22 @@ def available() -> list[str]:
     return sorted(_presets())
 
 
+def parameters(name: str) -> dict[str, Any]:
+    """A policy's (or preset's) parameters and their defaults, as a spec names them."""
+    module = importlib.import_module(f"gandiva.policies.{_presets()[name]}")
+    if hasattr(module, "parameters"):
+        return module.parameters(name)
+    hidden = ("name", "spec", "rng")
+    return {f.name: f.default for f in dataclasses.fields(module.POLICY)
+            if f.init and not f.name.startswith("_") and f.name not in hidden}
+
+
+def summary(name: str) -> str:
+    """The first line of a policy's docstring."""
+    module = importlib.import_module(f"gandiva.policies.{_presets()[name]}")
+    return (module.__doc__ or "").strip().splitlines()[0]
+
+
 def _convert(name: str, raw: str, kind: Any) -> Any:
     text = str(kind)
     try:

@@ -29,7 +29,7 @@ from gandiva import actions as A
 from gandiva import events as E
 from gandiva.policies.gandiva.admission import Admission, LasAdmission, Queue
 from gandiva.policies.gandiva.book import Book, Waiting
-from gandiva.policies.gandiva.config import PRESETS, Config, parse
+from gandiva.policies.gandiva.config import PRESETS, Config, parse, settings
 from gandiva.policies.gandiva.elastic import Elastic
 from gandiva.policies.gandiva.gangs import GangShares
 from gandiva.policies.gandiva.migration import Defrag, Locality, is_spread, may_consolidate
@@ -47,7 +47,7 @@ from gandiva.policies.gandiva.shared import Decision, Shared, T
 from gandiva.policies.gandiva.timeslice import TimeSlicing
 from gandiva.state import Cluster, Job, JobStatus
 
-__all__ = ["Config", "Gandiva", "PRESETS", "build"]
+__all__ = ["Config", "Gandiva", "PRESETS", "build", "parameters"]
 
 
 def slice_order(config: Config) -> SliceOrder:
@@ -382,6 +382,11 @@ class Gandiva:
 def build(name: str, options: list[str], spec: str | None = None) -> Gandiva:
     """The policy of preset ``name`` with a spec's ``options`` over it."""
     return Gandiva(parse(name, options), name=name, spec=spec)
+
+
+def parameters(name: str) -> dict[str, object]:
+    """The settings of preset ``name``, by dotted path."""
+    return settings(parse(name, []))
 
 
 POLICY = Gandiva

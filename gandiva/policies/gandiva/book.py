@@ -7,9 +7,11 @@ where they *belong*, and from it the server's affinity and height.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
+from types import MappingProxyType
 
 from sortedcontainers import SortedList
 
@@ -52,6 +54,19 @@ class Waiting:
             yield key[3]
 
 
+MOVES_KEPT = 100_000  # jobs whose home changed, remembered for a reader (``moved_since``); a
+# reader further behind than that looks at every job, as at its first look
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where jobs belong, copied for readers on other threads (``Book.placement``)."""
+
+    changes: int  # the book's count of changes when it was copied
+    home: Mapping[str, tuple[int, ...]]  # job -> the servers it belongs to
+    height: tuple[float, ...]  # server -> its height
+
+
 @dataclass
 class Book:
     members: list[dict[str, int]]  # per server: jobs assigned to it -> their width (ordered)
@@ -62,13 +77,13 @@ class Book:
     # its gangs reach without looking at every member (``timeslice.group``)
     gangs: list[dict[str, None]] = field(default_factory=list)
     last_start: dict[str, float] = field(default_factory=dict)  # for round-robin order
-    # counts the changes to ``home`` and the heights, so that a reader's snapshot copies them
-    # only when they changed (``explain.Seen.take``)
+    # counts the changes to ``home`` and the heights, so that a reader copies them only when
+    # they changed (``placement``)
     changes: int = 0
-    # the jobs whose home changed since a reader last emptied this set; None (the default,
-    # the simulator's) keeps none. A reader that sets it learns which jobs' homes to look at
-    # again rather than every job's (``explain.Seen.take``: who waits on each server)
-    moved: set[str] | None = None
+    # job -> the count of changes at its latest move, oldest first: kept once a reader asks
+    # (``moved_since``), never in the simulator
+    _moves: OrderedDict[str, int] | None = None
+    _moves_from: int = 0  # ``_moves`` holds every move after this count
     # Indexes kept with ``members`` and ``demand``, so that placing an arrival looks at the few
     # servers that can take it, not at every server: servers by (height, id), all of them and
     # per affinity (``None``: no member).
@@ -120,8 +135,8 @@ class Book:
     def release(self, job: Job) -> None:
         servers = self.home.pop(job.id, ())
         self.changes += 1
-        if self.moved is not None:
-            self.moved.add(job.id)
+        if self._moves is not None:
+            self._moved(job.id)
         share = job.num_gpus if len(servers) == 1 else None
         for s in servers:
             self._unfile(s)
@@ -129,6 +144,39 @@ class Book:
             self.gangs[s].pop(job.id, None)
             self.demand[s] -= share if share is not None else self.size[s]
             self._file(s)
+
+    # ---- for readers (``backends.explain``) ----------------------------------------------
+    def placement(self, last: Placement | None = None) -> Placement:
+        """Where jobs belong now, and the servers' heights: ``last`` itself if the book has
+        not changed since it was copied."""
+        if last is not None and last.changes == self.changes:
+            return last
+        return Placement(self.changes, MappingProxyType(dict(self.home)),
+                         tuple(self.height(s) for s in range(len(self.size))))
+
+    def moved_since(self, changes: int) -> list[str] | None:
+        """The jobs whose home changed after the book's count of changes read ``changes``,
+        so that a reader looks at those again rather than at every job; None where the book
+        does not remember that far back (at a reader's first call): look at every job."""
+        if self._moves is None:
+            self._moves, self._moves_from = OrderedDict(), self.changes
+            return None
+        if changes < self._moves_from:
+            return None
+        moved = []
+        for job_id, at in reversed(self._moves.items()):
+            if at <= changes:
+                break
+            moved.append(job_id)
+        return moved
+
+    def _moved(self, job_id: str) -> None:
+        moves = self._moves
+        assert moves is not None
+        moves[job_id] = self.changes
+        moves.move_to_end(job_id)
+        if len(moves) > MOVES_KEPT:
+            _, self._moves_from = moves.popitem(last=False)
 
     def _file(self, s: int) -> None:
         key = (self.height(s), s)

@@ -24,9 +24,16 @@ from gandiva.policies.gandiva.order import LEAST_STEP, MORE_LEVELS
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    def _refuse(self, field: str, unless: str) -> None:
-        if field in self.model_fields_set:
-            raise ValueError(f"{field} has no effect unless {unless}: leave it out")
+    def idle(self) -> dict[str, str]:
+        """The settings that have no effect here, each with what it needs."""
+        return {}
+
+    @model_validator(mode="after")
+    def _effective(self) -> Section:
+        for field, unless in self.idle().items():
+            if field in self.model_fields_set:
+                raise ValueError(f"{field} has no effect unless {unless}: leave it out")
+        return self
 
 
 class Placement(Section):
@@ -50,11 +57,13 @@ class Slices(Section):
     # a level every time attained service grows by this factor, beyond Tiresias' two (0008)
     level_step: float = 10 ** 0.5
 
-    @model_validator(mode="after")
-    def _effective(self) -> Slices:
+    def idle(self) -> dict[str, str]:
         if self.order != "levels":
-            self._refuse("keep_turn", "order=levels")
-            self._refuse("level_step", "order=levels")
+            return dict.fromkeys(("keep_turn", "level_step"), "order=levels")
+        return {}
+
+    @model_validator(mode="after")
+    def _step(self) -> Slices:
         if not (self.level_step == 1 or LEAST_STEP <= self.level_step < math.inf):
             raise ValueError(f"level_step must be 1 (no levels beyond the las policy's) or "
                              f"from {LEAST_STEP:.3f} (at most {MORE_LEVELS} levels more) to a "
@@ -70,12 +79,9 @@ class Balance(Section):
     spare_gangs: bool = True  # a waiting job takes its turn off a running gang's servers (0006)
     idle_to_gangs: bool = True  # a waiting gang takes GPUs a round leaves idle elsewhere (0007)
 
-    @model_validator(mode="after")
-    def _effective(self) -> Balance:
-        if not self.enabled:
-            for field in ("servers", "spare_gangs", "idle_to_gangs"):
-                self._refuse(field, "balance is on")
-        return self
+    def idle(self) -> dict[str, str]:
+        return {} if self.enabled else dict.fromkeys(
+            ("servers", "spare_gangs", "idle_to_gangs"), "balance is on")
 
 
 class Gangs(Section):
@@ -92,11 +98,8 @@ class Admission(Section):
     # similar age do not evict each other back and forth
     displace_margin: float = Field(3600.0, ge=0)
 
-    @model_validator(mode="after")
-    def _effective(self) -> Admission:
-        if self.rule != "las":
-            self._refuse("displace_margin", "rule=las")
-        return self
+    def idle(self) -> dict[str, str]:
+        return {} if self.rule == "las" else {"displace_margin": "rule=las"}
 
 
 class Packing(Section):
@@ -108,12 +111,8 @@ class Packing(Section):
     min_gain: float = 0.05
     spread: bool = True  # free GPUs elsewhere go to packed jobs a quantum later (0009)
 
-    @model_validator(mode="after")
-    def _effective(self) -> Packing:
-        if not self.enabled:
-            self._refuse("min_gain", "packing is on")
-            self._refuse("spread", "packing is on")
-        return self
+    def idle(self) -> dict[str, str]:
+        return {} if self.enabled else dict.fromkeys(("min_gain", "spread"), "packing is on")
 
 
 class Migration(Section):
@@ -122,11 +121,8 @@ class Migration(Section):
     enabled: bool = True
     max_moves: int = Field(4, ge=1)  # per decision: one departure cannot start a storm
 
-    @model_validator(mode="after")
-    def _effective(self) -> Migration:
-        if not self.enabled:
-            self._refuse("max_moves", "migration is on")
-        return self
+    def idle(self) -> dict[str, str]:
+        return {} if self.enabled else {"max_moves": "migration is on"}
 
 
 class Defrag(Section):
@@ -136,12 +132,9 @@ class Defrag(Section):
     interval: float = Field(300.0, gt=0)  # seconds between tries
     max_move_s: float = Field(10.0, ge=0)  # "negligible loss": dearer moves are not made
 
-    @model_validator(mode="after")
-    def _effective(self) -> Defrag:
-        if not self.enabled:
-            self._refuse("interval", "defrag is on")
-            self._refuse("max_move_s", "defrag is on")
-        return self
+    def idle(self) -> dict[str, str]:
+        return {} if self.enabled else dict.fromkeys(("interval", "max_move_s"),
+                                                     "defrag is on")
 
 
 class Elastic(Section):
@@ -152,11 +145,8 @@ class Elastic(Section):
     # shrink again at once
     grow_idle_s: float = Field(300.0, ge=0)
 
-    @model_validator(mode="after")
-    def _effective(self) -> Elastic:
-        if not self.enabled:
-            self._refuse("grow_idle_s", "elastic is on")
-        return self
+    def idle(self) -> dict[str, str]:
+        return {} if self.enabled else {"grow_idle_s": "elastic is on"}
 
 
 class Config(Section):
@@ -227,6 +217,18 @@ def parse(preset: str, options: list[str]) -> Config:
         problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}"
                              for err in e.errors())
         raise ValueError(f"policy {preset!r}: {problems}") from None
+
+
+def settings(config: Config) -> dict[str, Any]:
+    """Every setting of ``config`` that has an effect, by dotted path."""
+    out: dict[str, Any] = {}
+    for name, value in config:
+        if not isinstance(value, Section):
+            out[name] = value
+            continue
+        idle = value.idle()
+        out.update({f"{name}.{k}": v for k, v in value if k not in idle})
+    return out
 
 
 def _copy(values: dict[str, Any]) -> dict[str, Any]:
