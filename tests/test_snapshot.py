@@ -61,9 +61,9 @@ def test_who_waits_on_each_server_follows_rounds_moves_and_departures_and_shares
     events += [E.Arrival(41.0, job("late", 41, 1, 1000)), E.Tick(50.0), E.Tick(60.0)]
     kept = moved = 0
     for event in events:
-        before, done = seen.snapshot.waits, len(actions)
+        before, done, changes = seen.snapshot.waits, len(actions), book.changes
         sched.handle(event)
-        moved += len(book.moved)
+        moved += len(book.moved_since(changes) or ())
         for action in actions[done:]:
             seen.touch(getattr(action, "job_id", None))
         if isinstance(event, E.Arrival | E.Departure):  # as the driver touches them
@@ -73,7 +73,7 @@ def test_who_waits_on_each_server_follows_rounds_moves_and_departures_and_shares
         assert after == every_job(), event
         kept += sum(a is b for a, b in zip(before, after, strict=True) if a == b)
     assert kept  # some servers' lists were shared, not built again
-    assert moved and not book.moved  # moves were read, and emptied at each snapshot
+    assert moved  # the book kept its moves for the reader
 
     # the book moves a waiting job to another server, with no action and no touch (as the
     # policy's rounds may): it is seen waiting there, and no longer where it was
@@ -82,3 +82,34 @@ def test_who_waits_on_each_server_follows_rounds_moves_and_departures_and_shares
     seen.take()
     assert jid in seen.snapshot.waits[2] and jid not in seen.snapshot.waits[1]
     assert seen.snapshot.waits == every_job()
+
+
+def test_a_reader_further_behind_than_the_book_remembers_looks_at_every_job(monkeypatch):
+    from gandiva.policies.gandiva import book as pages
+
+    monkeypatch.setattr(pages, "MOVES_KEPT", 2)
+    sched, _ = drive("2x2", "gandiva", E.Arrival(0.0, job("a", 0, 1, 100)))
+    book = sched.policy.book
+    assert book.moved_since(book.changes) is None  # a first look: at every job
+    start = book.changes
+    sched.handle(E.Arrival(1.0, job("b", 1, 1, 100)))
+    assert book.moved_since(start) == ["b"]
+    for i, name in enumerate("cde"):
+        sched.handle(E.Arrival(2.0 + i, job(name, 2 + i, 1, 100)))
+    assert book.moved_since(start) is None  # b's move is forgotten: look at every job
+    assert set(book.moved_since(book.changes - 2) or ()) <= {"d", "e"}
+    assert book.moved_since(book.changes) == []
+
+
+def test_a_job_waiting_its_turn_is_explained_with_its_servers_height_and_the_quantum():
+    from gandiva.spec import JobState
+
+    sched, _ = drive("1x2", "gandiva:quantum=10",
+                     *[E.Arrival(float(i), job(f"j{i}", i, 1, 1000)) for i in range(4)])
+    seen = Seen(sched.cluster, sched.policy, ["gpu0", "gpu1"])
+    waiting = sorted(j for j, v in seen.snapshot.jobs.items() if v[0] == "suspended"
+                     or v[0] == "queued")
+    assert waiting
+    why = seen.explain(waiting[0], JobState.SUSPENDED, "", ())["reason"]
+    assert why == ("time-sliced: its server is over-subscribed (height 2.0); it runs at its "
+                   "turn, in rounds of 10 s")

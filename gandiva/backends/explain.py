@@ -4,23 +4,88 @@ The loop owns the cluster state; the API's threads must neither see it half-chan
 for the loop. So the loop takes a ``Snapshot`` now and then (``Seen.take``), swapped in whole,
 and every reader works from the latest one. Taking one reads again only what changed since
 the last: the jobs that events and actions touched (``Seen.touch``), and the devices whose
-jobs changed (``Seen.track``); the table of jobs, and the policy's homes and heights, are
-copied only when they changed, else the last snapshot's are kept. At 20,000 jobs, copying
-them all five times a second was a fifth of the server's time (``benchmarks/scale.py``).
+jobs changed (``Seen.track``); the table of jobs is copied only when it changed, else the
+last snapshot's is kept, and the policy's homes and heights come as a read-only copy that the
+policy makes again only when they changed (``Placements``). At 20,000 jobs, copying them all
+five times a second was a fifth of the server's time (``benchmarks/scale.py``).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+from types import MappingProxyType
+from typing import Any, Protocol
 
 from gandiva.spec import TERMINAL, JobState
 from gandiva.state import Cluster, JobStatus
 
 QUEUE_SHOWN = 100  # the head of the queue in the cluster view (its length comes beside it)
 WAITING = (JobStatus.SUSPENDED, JobStatus.QUEUED)  # while a job waits on the servers it belongs to
+
+
+class Placement(Protocol):
+    """A read-only copy of where a policy's jobs belong (``gandiva.policies.gandiva.book``)."""
+
+    @property
+    def changes(self) -> int: ...  # the policy's count of changes when it was copied
+    @property
+    def home(self) -> Mapping[str, tuple[int, ...]]: ...  # job -> the servers it belongs to
+    @property
+    def height(self) -> Sequence[float]: ...  # server -> its height
+
+
+class Placements(Protocol):
+    """What a policy that assigns jobs to servers shows its readers (the gandiva policy's
+    ``Book``): copies, and which jobs moved, never the book itself."""
+
+    def placement(self, last: Placement | None = None) -> Placement:
+        """Where jobs belong now (``last`` itself if nothing changed since it)."""
+
+    def moved_since(self, changes: int) -> Iterable[str] | None:
+        """Jobs whose home changed after ``changes`` (None: look at every job)."""
+
+
+def placements(policy: object) -> object | None:
+    """The policy's placements, if it assigns jobs to servers (None: it does not): what its
+    ``placements()`` gives, else its ``book`` (a ``Placements``, or a plain book that
+    ``Copied`` reads)."""
+    read = getattr(policy, "placements", None)
+    return read() if read is not None else getattr(policy, "book", None)
+
+
+def quantum(policy: object) -> float | None:
+    """The policy's time slice in seconds, if it time-slices."""
+    q = getattr(policy, "quantum", None)
+    return q if q is not None else getattr(getattr(policy, "config", None), "quantum", None)
+
+
+@dataclass(frozen=True)
+class Copy:
+    changes: int
+    home: Mapping[str, tuple[int, ...]]
+    height: tuple[float, ...]
+
+
+@dataclass
+class Copied:
+    """``Placements`` of a book that offers only ``changes``, ``home`` and ``height(server)``
+    (read, never written): copied when it changed, every job looked at again."""
+
+    book: Any
+    servers: Callable[[], int]
+
+    def placement(self, last: Placement | None = None) -> Placement:
+        b = self.book
+        if last is not None and last.changes == b.changes:
+            return last
+        return Copy(b.changes, MappingProxyType(dict(b.home)),
+                    tuple(b.height(s) for s in range(self.servers())))
+
+    def moved_since(self, changes: int) -> None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -31,8 +96,8 @@ class Snapshot:
     jobs: dict[str, tuple[str, tuple[int, ...], int, int]]  # job -> (status, gpus, want, prio)
     transitions: dict[str, str]
     on: list[list[str]]  # device -> its jobs (lists are replaced, never changed)
-    home: dict[str, tuple[int, ...]]  # job -> the servers it belongs to (the policy's book)
-    height: list[float]  # server -> its height
+    home: Mapping[str, tuple[int, ...]]  # job -> the servers it belongs to (the policy's)
+    height: Sequence[float]  # server -> its height
     # server -> the jobs that belong to it and wait there (suspended for their turn, or
     # admitted and queued), sorted; a server's tuple is replaced when it changes, never changed
     waits: list[tuple[str, ...]]
@@ -52,14 +117,15 @@ class Seen:
     _view: tuple[Snapshot, dict] | None = None  # (the snapshot, the view built of it)
     # node -> (what it was built of, its part of the view, the device lists it used)
     _nodes: dict[int, tuple[tuple, dict, list, tuple]] = field(default_factory=dict)
-    _book: tuple | None = None  # (the policy's book, its count of changes) at the last one
-    # who waits on each server, kept up to date from the jobs touched and the jobs the book
-    # moved (``Book.moved``), so that no one looks at every job for it: at 20,000 jobs that
-    # look was half of building the cluster view, at every snapshot a reader asked for
+    _read: Placements | None = None  # the policy's placements this has read
+    _copied: Copied | None = None  # (where those are a plain book's)
+    _placed: Placement | None = None  # ... as of the last snapshot
+    # who waits on each server, kept up to date from the jobs touched and the jobs the policy
+    # moved (``Placements.moved_since``), so that no one looks at every job for it: at 20,000
+    # jobs that look was half of building the cluster view, at every snapshot a reader asked
     _waits: list[tuple[str, ...]] = field(default_factory=list)  # as in ``Snapshot.waits``
     _wait_sets: list[set[str]] = field(default_factory=list)  # the same, as sets
     _waiting: dict[str, tuple[int, ...]] = field(default_factory=dict)  # job -> those servers
-    _waits_of: object = None  # the book whose ``moved`` this reads
 
     def __post_init__(self) -> None:
         self._on = [[] for _ in self.cluster.gpus]
@@ -82,7 +148,7 @@ class Seen:
             self._on[g] = sorted(gpus[g].jobs)  # a new list: snapshots keep the old one
 
     def take(self) -> None:
-        c, book = self.cluster, getattr(self.policy, "book", None)
+        c, read = self.cluster, self._placements()
         last = getattr(self, "snapshot", None)
         jobs, changed = self._jobs, self._changed
         touched = changed
@@ -99,47 +165,53 @@ class Seen:
         self._changed = set()
         # what did not change is the last snapshot's (readers never change a snapshot)
         seen_jobs = dict(jobs) if fresh or last is None else last.jobs
-        if book is None:
-            home, height = {}, []
-        elif self._book is not None and self._book[0] is book and self._book[1] == book.changes:
-            home, height = last.home, last.height
-        else:
-            home, height = dict(book.home), [book.height(s) for s in range(len(c.nodes))]
-            self._book = (book, book.changes)
-        waits = (list(self._waits) if self._wait(book, touched) or last is None
-                 else last.waits)
+        before = self._placed if read is self._read else None  # (None: read all again)
+        placed = None if read is None else read.placement(before)
+        home, height = (placed.home, placed.height) if placed is not None else ({}, ())
+        waits = (list(self._waits) if self._wait(read, placed, before, touched)
+                 or last is None else last.waits)
+        self._read, self._placed = read, placed
         self.snapshot = Snapshot(
             free=c.free_count(), devices=len(c.gpus), queue=list(c.queue), jobs=seen_jobs,
             transitions=dict(c.transitions), on=list(self._on), home=home, height=height,
             waits=waits)
 
-    def _wait(self, book, touched: Iterable[str] | None) -> bool:
+    def _placements(self) -> Placements | None:
+        read = placements(self.policy)
+        if read is None or hasattr(read, "placement"):
+            return read  # type: ignore[return-value]
+        if self._copied is None or self._copied.book is not read:
+            self._copied = Copied(read, lambda: len(self.cluster.nodes))
+        return self._copied
+
+    def _wait(self, read: Placements | None, placed: Placement | None,
+              before: Placement | None, touched: Iterable[str] | None) -> bool:
         """Bring who waits on each server up to date for the jobs ``touched`` and those the
-        book moved (None: for every job); whether any server's list changed."""
-        if book is None:
+        policy moved since ``before`` (None: for every job); whether any server's list
+        changed."""
+        if read is None or placed is None:
             return False
         sets, waits = self._wait_sets, self._waits
         while len(sets) < len(self.cluster.nodes):  # a node joined
             sets.append(set())
             waits.append(())
-        if book.moved is None or self._waits_of is not book:  # a book this has not read
-            book.moved, self._waits_of, touched = set(), book, None
-        if touched is None:
-            touched = set(self._waiting) | book.home.keys()
+        # (asked at the first look too: the policy keeps its moves from then on)
+        moved = read.moved_since((before or placed).changes)
+        home = placed.home
+        if before is None or moved is None or touched is None:  # look at every job
+            touched, moved = set(self._waiting) | home.keys(), ()
         dirty: set[int] = set()
-        for jid in chain(touched, book.moved):
-            before = self._waiting.pop(jid, ())
-            now = (book.home.get(jid, ()) if self._jobs.get(jid, ("",))[0] in WAITING
-                   else ())
+        for jid in chain(touched, moved):
+            was = self._waiting.pop(jid, ())
+            now = home.get(jid, ()) if self._jobs.get(jid, ("",))[0] in WAITING else ()
             if now:
                 self._waiting[jid] = now
-            if before != now:
-                for server in before:
+            if was != now:
+                for server in was:
                     sets[server].discard(jid)
                 for server in now:
                     sets[server].add(jid)
-                dirty.update(before, now)
-        book.moved.clear()
+                dirty.update(was, now)
         for server in dirty:
             waits[server] = tuple(sorted(sets[server]))
         return bool(dirty)
@@ -201,7 +273,7 @@ class Seen:
             out["reason"] = "held by its user: resume it to give it back to the scheduler"
             return out
         seen = self.snapshot
-        quantum = getattr(self.policy, "quantum", None)
+        slice_s = quantum(self.policy)
         home = seen.home.get(job_id)
         moving = seen.transitions.get(job_id)
         if moving is not None:
@@ -211,11 +283,11 @@ class Seen:
                                if j != job_id})
             out["reason"] = (f"running on device(s) {', '.join(map(str, devices))}"
                              + (f", packed with {', '.join(partners)}" if partners else ""))
-        elif state == JobState.SUSPENDED or (home is not None and quantum):
+        elif state == JobState.SUSPENDED or (home is not None and slice_s):
+            rounds = f", in rounds of {slice_s:g} s" if slice_s else ""
             out["reason"] = (f"time-sliced: its server is over-subscribed (height "
-                             f"{max(seen.height[s] for s in home):.1f}); it runs at its turn, "
-                             f"in rounds of {quantum:g} s" if home else
-                             "suspended: it waits for its turn")
+                             f"{max(seen.height[s] for s in home):.1f}); it runs at its "
+                             f"turn{rounds}" if home else "suspended: it waits for its turn")
         elif job_id not in seen.jobs:
             out["reason"] = "submitted; the scheduler has not taken it up yet"
         else:
