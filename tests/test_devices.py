@@ -7,7 +7,6 @@ move to other GPUs was a restart (a new process, restored at the step it stopped
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from test_runtime import started, wait_for  # noqa: E402
+from waiting import trains, until  # noqa: E402
 
 from gandiva.job import nvml  # noqa: E402
 from gandiva.node import devices  # noqa: E402
@@ -33,14 +33,6 @@ def records(out: Path, event: str | None = None) -> list[dict]:
         return []
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     return [r for r in lines if event is None or r["event"] == event]
-
-
-def until(check, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-    return found
 
 
 @pytest.fixture
@@ -104,11 +96,11 @@ def test_a_resume_on_other_gpus_is_a_restart_at_the_step_it_stopped_at(gpu_agent
     out = tmp_path / "m.jsonl"
     gpu_agent.start("m", probe(out, 400), (0,))
     started(gpu_agent, "m")
-    time.sleep(0.3)
+    trains(gpu_agent, "m")
     gpu_agent.suspend("m")
     assert gpu_agent.jobs["m"].suspended and not gpu_agent.jobs["m"].signalled
     gpu_agent.resume("m", (0,))  # the same GPU: in place, the same process
-    time.sleep(0.2)
+    trains(gpu_agent, "m")
     gpu_agent.suspend("m")
     stopped_at = gpu_agent.jobs["m"].replies["suspended:0"].step
     gpu_agent.resume("m", (1,))  # another GPU: a restart, from the step it stopped at
@@ -132,7 +124,7 @@ def test_a_job_that_reads_its_device_every_step_moves_in_place_once_it_sees_the_
     gpu_agent.resume("ip", (1,))
     started(gpu_agent, "ip")
     for target in ((2,), (0,)):
-        time.sleep(0.2)
+        trains(gpu_agent, "ip")
         gpu_agent.suspend("ip")
         assert not gpu_agent.jobs["ip"].signalled
         gpu_agent.resume("ip", target)
@@ -221,7 +213,7 @@ def test_a_gang_whose_suspended_ranks_still_hold_too_much_is_checkpointed_and_st
         agent.start("g", Launch(["{python}", str(PROBE), str(out), "300"],
                                 env={"GANDIVA_CPU_BACKED_HELD_GB": "2"}), (0, 1))
         started(agent, "g")
-        time.sleep(0.3)
+        trains(agent, "g")
         agent.suspend("g")
         ev = wait_for(agent, "suspended", "g")
         assert ev.data == {"held_gb": 2.0, "stopped": True}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -13,6 +12,8 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from waiting import Reports, node_event, trains, until  # noqa: E402
 
 from gandiva.job import checkpoint  # noqa: E402
 from gandiva.node.agent import Agent, AgentError, Launch  # noqa: E402
@@ -63,20 +64,7 @@ def flatten(obj, prefix: str = "") -> dict:
     return {prefix: obj}
 
 
-def wait_for(agent: Agent, kind: str, job_id: str, timeout: float = 120.0, seen=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            ev = agent.events.get(timeout=0.2)
-        except queue.Empty:
-            continue
-        if seen is not None:
-            seen.append(ev)
-        if ev.job_id == job_id and ev.kind == kind:
-            return ev
-        if ev.job_id == job_id and ev.kind == "failed":
-            raise AssertionError(ev.data["reason"])
-    raise AssertionError(f"no {kind!r} event for {job_id} within {timeout} s")
+wait_for = node_event  # (the name the other runtime tests import)
 
 
 @pytest.fixture
@@ -89,6 +77,11 @@ def agent(tmp_path):
 def started(agent: Agent, job_id: str, **kw):
     ev = wait_for(agent, "started", job_id, **kw)
     return ev.data
+
+
+def stopped(pid: int) -> bool:
+    """Is the process stopped by a signal (state T in /proc)?"""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "tT"
 
 
 # ---- checkpoints ---------------------------------------------------------------------------
@@ -129,7 +122,7 @@ def test_suspended_resumed_moved_and_restarted_job_ends_bit_identical(agent, tmp
     agent.start("j", launch("cnn.py", *args), (0,))
     started(agent, "j")
     for i in range(6):  # suspend and resume, alternating slots
-        time.sleep(0.1)
+        trains(agent, "j")
         agent.suspend("j")
         assert agent.jobs["j"].suspended and not agent.jobs["j"].signalled  # by the library
         agent.resume("j", ((i + 1) % 2,))
@@ -147,10 +140,10 @@ def test_elastic_job_shrunk_then_grown_ends_bit_identical(agent, tmp_path):
     ref = reference(tmp_path, "elastic_mlp.py", *args)  # 1 rank throughout
     agent.start("e", launch("elastic_mlp.py", *args), (0, 1))  # 2 ranks
     assert started(agent, "e").restored is None
-    time.sleep(0.5)
+    trains(agent, "e")
     agent.restart("e", (0,))  # shrink to one rank
     first = started(agent, "e").restored
-    time.sleep(0.5)
+    trains(agent, "e")
     agent.restart("e", (0, 1))  # grow back to two
     second = started(agent, "e").restored
     assert 0 < first <= second < 2000
@@ -168,10 +161,7 @@ def test_sigkill_loses_only_the_work_since_the_last_checkpoint(tmp_path):
     try:
         agent.start("k", launch("cnn.py", *args), (0,))
         started(agent, "k")
-        deadline = time.monotonic() + 60
-        while not checkpoint.steps(agent.checkpoint_dir("k")):
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        until(lambda: checkpoint.steps(agent.checkpoint_dir("k")), what="a checkpoint")
         pid = agent.jobs["k"].ranks[0].proc.pid
         os.kill(pid, signal.SIGSTOP)  # freeze it, so no checkpoint lands after we look
         last = checkpoint.steps(agent.checkpoint_dir("k"))[0]
@@ -227,50 +217,47 @@ def test_a_warm_start_is_a_fork_of_the_zygote_that_runs_the_script_as_python_wou
         "sys.exit(int(sys.argv[3]))\n")
     agent = Agent(tmp_path / "agent", ["cpu:0"], max_restarts=0)
     try:
-        deadline = time.monotonic() + 60
-        while not agent.warm_ready():
-            assert time.monotonic() < deadline, "the zygote never became ready"
-            time.sleep(0.05)
-        zygote = agent._zygote.proc.pid
+        until(agent.warm_ready, what="the zygote to be ready")
 
-        def run(job: str, code: int, kind: str = "done", cwd: Path = tmp_path):
+        def run(job: str, code: int, kind: str = "done", cwd: Path = tmp_path) -> list[str]:
+            """The job's facts: its name, arguments, directory, environment, parent and
+            whether torch was imported before it began."""
             agent.start(job, Launch(["{python}", str(script), str(facts), job, str(code)],
                                     cwd=cwd, env={"MINE": job.upper()}), (0,))
-            return wait_for(agent, kind, job) if kind == "done" else None
+            if kind == "done":
+                wait_for(agent, kind, job)
+            return facts.read_text().splitlines()
 
-        run("warm", 0)
-        assert facts.read_text().splitlines() == [
-            f"__main__ warm {tmp_path} WARM {zygote} True", "atexit ran"]
+        warm, end = run("warm", 0)
+        zygote = int(warm.split()[4])  # its parent: the zygote, torch imported, not the agent
+        assert zygote != os.getpid()
+        assert (warm, end) == (f"__main__ warm {tmp_path} WARM {zygote} True", "atexit ran")
         run("three", 3, kind="")
         with pytest.raises(AssertionError, match="exited with status 3"):
             wait_for(agent, "done", "three")
         os.kill(zygote, signal.SIGKILL)  # a dead zygote: the next job starts cold, and works
-        agent._zygote.proc.wait(timeout=10)
+        until(lambda: not agent.warm_ready(), what="the zygote's death to be seen")
         facts.unlink()
-        run("cold", 0)
-        line = facts.read_text().splitlines()[0].split()
+        line = run("cold", 0)[0].split()
         assert line[:4] == ["__main__", "cold", str(tmp_path), "COLD"]
         assert line[4] != str(zygote) and line[5] == "False"  # a fresh interpreter
-        deadline = time.monotonic() + 60
-        while not agent.warm_ready():  # ...and a new zygote takes over
-            assert time.monotonic() < deadline, "no new zygote"
-            time.sleep(0.05)
-        assert agent._zygote.proc.pid != zygote
+        until(agent.warm_ready, what="a new zygote")  # ...and a new zygote takes over
+        facts.unlink()
+        again = run("again", 0)[0].split()
+        assert again[4] not in (str(zygote), line[4]) and again[5] == "True"
     finally:
         agent.close()
 
 
-def start_plain(agent: Agent, tmp_path: Path, source: str, until: str = "") -> Path:
+def start_plain(agent: Agent, tmp_path: Path, source: str, until_text: str = "") -> Path:
     """Start a script that does not use the job library; it writes to the file returned.
-    Return once that file holds ``until`` (or anything, if ``until`` is empty)."""
+    Return once that file holds ``until_text`` (or anything, if it is empty)."""
     out = tmp_path / "out.txt"
     plain = tmp_path / "plain.py"
     plain.write_text(source)
     agent.start("p", Launch(["{python}", str(plain), str(out)]), (0,))
-    deadline = time.monotonic() + 60
-    while not out.exists() or until not in out.read_text() or not out.read_text():
-        assert time.monotonic() < deadline, "the script never wrote its output"
-        time.sleep(0.05)
+    until(lambda: out.exists() and out.read_text() and until_text in out.read_text(),
+          what="the script's output")
     return out
 
 
@@ -281,9 +268,9 @@ def test_unmodified_script_is_time_sliced_with_signals(agent, tmp_path):
                                        "    time.sleep(0.01)\n")
     agent.suspend("p")
     assert agent.jobs["p"].signalled  # it never spoke the library's protocol
-    time.sleep(0.2)
+    until(lambda: stopped(agent.jobs["p"].ranks[0].proc.pid), what="SIGSTOP to land")
     frozen = out.read_text()
-    time.sleep(0.5)
+    time.sleep(0.5)  # what is tested: half a second suspended, in which it writes nothing
     assert out.read_text() == frozen
     agent.resume("p", (0,))
     wait_for(agent, "done", "p")
@@ -298,7 +285,7 @@ def test_unmodified_script_is_preempted_with_sigterm_and_restarted(agent, tmp_pa
                                        "    sys.exit(0)\n"
                                        "signal.signal(signal.SIGTERM, saved)\n"
                                        "log.write('started\\n'); log.flush()\n"
-                                       "time.sleep(1.0)\n", until="started")
+                                       "time.sleep(1.0)\n", until_text="started")
     agent.restart("p", (1,))  # no library: preempted by SIGTERM, then started again
     wait_for(agent, "done", "p")
     assert out.read_text().splitlines() == ["started", "saved on SIGTERM", "started"]
@@ -312,8 +299,8 @@ def test_local_backend_time_slices_real_jobs_and_each_ends_as_if_alone(tmp_path)
     from gandiva.policies import make_policy
     from gandiva.spec import JobSpec
 
-    backend = Driver(make_policy("gandiva:quantum=1:-pack"), tmp_path / "run", slots=2,
-                           feedback_steps=50)
+    backend = Driver(make_policy("slicer:quantum=1"), tmp_path / "run", slots=2,
+                     feedback_steps=50)
     args = {f"j{i}": ("--steps", "1500", "--seed", str(i), "--lr", "0.02") for i in range(3)}
     for jid, a in args.items():
         backend.submit(JobSpec(jid, 0.0, 1, "cnn", mini_batches=1500), launch("cnn.py", *a))
@@ -324,7 +311,7 @@ def test_local_backend_time_slices_real_jobs_and_each_ends_as_if_alone(tmp_path)
     kinds = {type(a) for _, a, _ in result.actions}
     assert A.Suspend in kinds and A.Resume in kinds  # 3 jobs on 2 slots: time-sliced
     assert all(j.first_feedback is not None and j.first_feedback <= j.finish for j in result.jobs)
-    # no slot ever ran two jobs at once (packing is off)
+    # no slot ever ran two jobs at once (the policy does not pack)
     for dev in (0, 1):
         segs = sorted((s, e) for d, _, s, e, _ in result.timeline if d == dev)
         assert all(a[1] <= b[0] + 1e-6 for a, b in zip(segs, segs[1:], strict=False))
@@ -341,20 +328,16 @@ def test_policy_grows_an_elastic_job_into_an_idle_slot_then_shrinks_it_for_a_new
     from gandiva.policies import make_policy
     from gandiva.spec import JobSpec
 
-    backend = Driver(make_policy("gandiva:grow_idle_s=1:quantum=1"), tmp_path / "run",
-                           slots=2, feedback_steps=10)
+    backend = Driver(make_policy("slicer:grow:quantum=1"), tmp_path / "run", slots=2,
+                     feedback_steps=10)
+    reports = Reports(backend)
     eargs = ("--steps", "1500", "--seed", "2")
     backend.submit(JobSpec("e", 0.0, 1, "mlp", min_gpus=1, max_gpus=2),
                    launch("elastic_mlp.py", *eargs))
     out = {}
     loop = threading.Thread(target=lambda: out.update(result=backend.run(timeout=300)))
     loop.start()
-    # c arrives once e has grown (not at a fixed time: on a loaded machine e's start may
-    # take longer than any fixed time allows)
-    deadline = time.monotonic() + 120
-    while not any(isinstance(a, A.Grow) for _, a, _ in list(backend.actions)):
-        assert time.monotonic() < deadline and loop.is_alive()
-        time.sleep(0.05)
+    reports.wait_for("e", "resized")  # c arrives once e has grown
     arrival = backend.now()
     backend.submit(JobSpec("c", arrival, 1, "cnn"), launch("cnn.py", "--steps", "300"))
     loop.join(timeout=300)
@@ -378,26 +361,23 @@ def test_local_backend_as_a_server_loop_takes_jobs_while_running(tmp_path):
     from gandiva.policies import make_policy
     from gandiva.spec import JobSpec
 
-    backend = Driver(make_policy("gandiva:quantum=1"), tmp_path / "run", slots=2,
-                           feedback_steps=20)
-    seen: list[tuple[str, str]] = []
-    backend.on_change = lambda rec, what: seen.append((rec.spec.id, what))
+    backend = Driver(make_policy("slicer:quantum=1"), tmp_path / "run", slots=2,
+                     feedback_steps=20)
+    reports = Reports(backend)
     loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
     loop.start()
     try:
-        time.sleep(0.5)  # the loop idles with no jobs: a server waiting for submissions
+        until(backend.alive, what="the loop to go round")  # with no jobs: a server idling
         for jid in ("a", "b"):
             backend.submit(JobSpec(jid, 0.0, 1, "cnn"), launch("cnn.py", "--steps", "200"))
-        deadline = time.monotonic() + 120
-        while {j for j, what in seen if what == "done"} != {"a", "b"}:
-            assert time.monotonic() < deadline and loop.is_alive()
-            time.sleep(0.1)
+        reports.wait(lambda seen: {j for j, what in seen if what == "done"} == {"a", "b"},
+                     what="both jobs done")
     finally:
         backend.stop()
         loop.join(timeout=30)
     assert not loop.is_alive()
     for jid in ("a", "b"):
-        mine = [what for j, what in seen if j == jid]
+        mine = reports.of(jid)
         assert mine[0] == "running" and mine[-1] == "done" and "feedback" in mine
 
 
@@ -430,16 +410,13 @@ def test_a_job_slow_to_stop_holds_up_neither_the_loop_nor_other_jobs(tmp_path):
     try:
         backend.submit(JobSpec("first", 0.0, 1, "cnn"), launch("cnn.py", "--steps", "20"))
         backend.submit(JobSpec("slow", 0.0, 1, "cnn"), Launch(["{python}", str(slow), str(mark)]))
-        deadline = time.monotonic() + 60
-        while not mark.exists() or backend.records["first"].status != "done":
-            assert time.monotonic() < deadline and loop.is_alive()
-            time.sleep(0.05)
+        until(lambda: mark.exists() and backend.records["first"].status == "done",
+              alive=loop.is_alive, what="first done and slow in its long mini-batch")
         backend.hold("slow")  # checkpoint at the next boundary: some 20 s away
         backend.submit(JobSpec("quick", 0.0, 1, "cnn"), launch("cnn.py", "--steps", "40"))
-        deadline = time.monotonic() + 120
-        while backend.records["quick"].status != "done" or "slow" in backend.inflight:
-            assert time.monotonic() < deadline and loop.is_alive()
-            time.sleep(0.1)
+        until(lambda: backend.records["quick"].status == "done"
+              and "slow" not in backend.inflight, alive=loop.is_alive,
+              what="quick done and slow stopped")
     finally:
         backend.stop()
         loop.join(timeout=60)
@@ -495,10 +472,7 @@ def test_a_suspend_during_an_evaluation_is_obeyed_there_and_a_checkpoint_waits_f
                       "            open(sys.argv[1], 'w').write('training')\n")
     agent.start("e", Launch(["{python}", str(script), str(out)]), devices)
     started(agent, "e")
-    deadline = time.monotonic() + 60
-    while not (out.exists() and out.read_text() == "evaluating"):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    until(lambda: out.exists() and out.read_text() == "evaluating", what="the evaluation")
     agent.suspend("e")
     assert agent.jobs["e"].suspended and not agent.jobs["e"].signalled  # by the library
     assert out.read_text() == "evaluating"  # in the evaluation, not after it
