@@ -195,30 +195,33 @@ def test_the_cluster_view_is_rebuilt_only_where_devices_changed(tmp_path):
         stop(backend, clock, loop)
 
 
+class Recording(HollowNodes):
+    """Hollow nodes that note what the server had stored (``stored``) when told to kill."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.stored: list[str] = []
+        self.at_kill: list[list[str]] = []
+
+    def kill(self, job_id):
+        self.at_kill.append(list(self.stored))
+        return super().kill(job_id)
+
+
 def test_a_cancel_is_on_record_before_its_node_is_told(tmp_path):
     """A server that crashed between the two must not find the job running and bring it
     back: the change is stored (on_flush) before the kill is handed to the node."""
-    backend, nodes, clock = hollow("fifo", tmp_path, servers=1, gpus=1)
+    backend, nodes, clock = hollow("fifo", tmp_path, Recording, servers=1, gpus=1)
     changes: list[str] = []
-    stored: list[str] = []
-    at_send: list[list[str]] = []
     backend.on_change = lambda rec, what: changes.append(what)
-    backend.on_flush = lambda: (stored.extend(changes), changes.clear())
-    send = backend.courier.send
-
-    def spy(what, run, keys):  # the loop hands the node its kill here
-        if what[1] == "cancelled":
-            at_send.append(list(stored))
-        return send(what, run, keys)
-    backend.courier.send = spy
+    backend.on_flush = lambda: (nodes.stored.extend(changes), changes.clear())
     backend.submit(JobSpec("a", 0.0, 1, MODEL), hollow_launch(MODEL, 10**9))
     loop, _ = in_background(lambda: backend.run(until_idle=False))
     try:
         clock.run_until(lambda: "a" in nodes.jobs)  # started on its node
         backend.cancel("a")
-        clock.run_until(lambda: bool(at_send))
-        assert "cancelled" in at_send[0]
-        clock.run_until(lambda: "a" not in nodes.jobs)  # and the node did stop it
+        clock.run_until(lambda: "a" not in nodes.jobs)  # the node stopped it
+        assert len(nodes.at_kill) == 1 and "cancelled" in nodes.at_kill[0]
         assert backend.records["a"].status == "cancelled"
     finally:
         stop(backend, clock, loop)

@@ -57,8 +57,9 @@ import ray  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 from gandiva.backends.driver import detect_devices  # noqa: E402
+from gandiva.backends.nodes import AgentEvent, Launch  # noqa: E402
 from gandiva.job import checkpoint  # noqa: E402
-from gandiva.node.agent import Agent, AgentEvent, Gang, Launch  # noqa: E402
+from gandiva.node.agent import Agent, Gang  # noqa: E402
 from gandiva.state import GPU, Cluster, Node  # noqa: E402
 
 POLL_S = 1.0  # a node agent's long poll for events
