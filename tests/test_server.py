@@ -1,11 +1,14 @@
 """`gandiva server` as users run it: a real process, killed with SIGKILL and restarted, over
 a SQLite file and over a PostgreSQL server."""
 
+import json
 import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -51,7 +54,30 @@ def start(home: Path, db: str, port: int) -> subprocess.Popen:
                   home.parent / "server.log")
 
 
+def follow(http, until: Callable[[list[dict]], bool], timeout: float = 240.0) -> list[dict]:
+    """The server's events from the first on, read from its event stream as they are stored,
+    until ``until`` holds of those read so far."""
+    import httpx2
+
+    got: list[dict] = []
+    deadline = time.monotonic() + timeout
+    with http.stream("GET", "/v1/events/stream",
+                     timeout=httpx2.Timeout(10, read=timeout)) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data: "):
+                got.append(json.loads(line.removeprefix("data: ")))
+                if until(got):
+                    return got
+            assert time.monotonic() < deadline, got[-5:]
+    raise AssertionError(f"the event stream ended: {got[-5:]}")
+
+
+def of(job_id: str, events: list[dict]) -> list[dict]:
+    return [e for e in events if e["job_id"] == job_id]
+
+
 def wait_up(http, proc, timeout=60.0) -> None:
+    """(A process starting: nothing to wait on but its port answering.)"""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, output(proc)
@@ -78,8 +104,8 @@ def test_server_killed_with_sigkill_loses_no_job_and_resumes_from_checkpoints(tm
                for i in range(3)]
         deadline = time.monotonic() + 120
         ckpts = home / "run" / "jobs" / ids[0] / "checkpoints"
-        while not (ckpts.is_dir() and any(ckpts.iterdir())):
-            assert time.monotonic() < deadline
+        while not (ckpts.is_dir() and any(ckpts.iterdir())):  # (no event says a checkpoint
+            assert time.monotonic() < deadline  # was written: the file is looked for)
             time.sleep(0.2)
         proc.send_signal(signal.SIGKILL)  # mid-run: jobs running, queued or suspended
         proc.wait()
@@ -88,13 +114,9 @@ def test_server_killed_with_sigkill_loses_no_job_and_resumes_from_checkpoints(tm
                    for line in p.read_text().splitlines()]
         proc = start(home, db_url, port)
         wait_up(http, proc)
-        deadline = time.monotonic() + 240
-        while True:
-            jobs = {j["id"]: j for j in http.get("/v1/jobs").json()}
-            if all(jobs[i]["state"] in ("done", "failed") for i in ids):
-                break
-            assert time.monotonic() < deadline, jobs
-            time.sleep(0.5)
+        follow(http, lambda events: all(
+            any(e["kind"] in ("done", "failed") for e in of(i, events)) for i in ids))
+        jobs = {j["id"]: j for j in http.get("/v1/jobs").json()}
         assert [jobs[i]["state"] for i in ids] == ["done"] * 3 and len(jobs) == 3
         for pid in orphans:  # nothing of the killed server's jobs runs on (none runs twice)
             assert not Path(f"/proc/{pid}").exists() or "Z" in stat_state(pid)
@@ -116,8 +138,6 @@ def test_sigterm_checkpoints_running_jobs_at_their_next_mini_batch_and_a_restart
     submissions. With no periodic checkpoint due (every 300 s), a job still resumes from the
     step where it was stopped; every acknowledged submission is stored once (the client
     retries with its submission_id until it is acknowledged)."""
-    import threading
-
     import httpx2
 
     from gandiva.job import checkpoint
@@ -140,12 +160,11 @@ def test_sigterm_checkpoints_running_jobs_at_their_next_mini_batch_and_a_restart
         job_id = http.post("/v1/jobs", json={"name": "long", "command": [
             "python", "cnn.py", "--steps", "100000"]}).json()["id"]
         log = home / "run" / "jobs" / job_id / "rank0.log"
-        deadline = time.monotonic() + 120
-        while http.get(f"/v1/jobs/{job_id}").json()["steps"] == 0:  # its first 100 done
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        follow(http, lambda events: any(e["data"].get("steps", 0) > 0  # its first 100 done
+                                        for e in of(job_id, events)), timeout=120)
         acked: dict[str, str] = {}  # submission id -> job id
         refused: list[str] = []  # what the flood got other than an acknowledgement
+        more = threading.Condition()  # notified at each acknowledgement
         flooding.set()
 
         def flood() -> None:  # queued behind the long job (fifo, one slot): none runs
@@ -157,7 +176,9 @@ def test_sigterm_checkpoints_running_jobs_at_their_next_mini_batch_and_a_restart
                             "name": "flood", "command": ["true"], "labels": {"flood": "1"},
                             "submission_id": f"f{i}"})
                         if r.status_code in (200, 201):
-                            acked[f"f{i}"] = r.json()["id"]
+                            with more:
+                                acked[f"f{i}"] = r.json()["id"]
+                                more.notify_all()
                             i += 1
                         else:
                             refused.append(f"f{i}: {r.status_code} {r.text[:300]}")
@@ -167,8 +188,8 @@ def test_sigterm_checkpoints_running_jobs_at_their_next_mini_batch_and_a_restart
 
         flooder = threading.Thread(target=flood, daemon=True)
         flooder.start()
-        while len(acked) < 20:
-            time.sleep(0.05)
+        with more:
+            assert more.wait_for(lambda: len(acked) >= 20, timeout=60), refused[-5:]
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
         assert proc.returncode == 0, output(proc)
@@ -177,16 +198,19 @@ def test_sigterm_checkpoints_running_jobs_at_their_next_mini_batch_and_a_restart
         assert stopped_at > 0
         proc = serve()
         wait_up(http, proc)
-        deadline = time.monotonic() + 120
-        while f"restored from checkpoint at step {stopped_at}" not in log.read_text():
-            assert time.monotonic() < deadline, log.read_text()[-2000:]
-            time.sleep(0.2)
+
+        def resumed(events: list[dict]) -> bool:  # its first report after the restart
+            kinds = [e["kind"] for e in of(job_id, events)]
+            return "requeued" in kinds and "profile" in kinds[kinds.index("requeued"):]
+
+        follow(http, resumed, timeout=120)
+        assert f"restored from checkpoint at step {stopped_at}" in log.read_text()
         kinds = [e["kind"] for e in http.get(f"/v1/jobs/{job_id}/events").json()]
         assert "stopped-for-shutdown" in kinds and "requeued" in kinds
-        before_restart, deadline = len(acked), time.monotonic() + 60
-        while len(acked) < before_restart + 20:  # and the flood goes on after the restart
-            assert time.monotonic() < deadline, refused[-5:]
-            time.sleep(0.05)
+        before_restart = len(acked)
+        with more:  # and the flood goes on after the restart
+            assert more.wait_for(lambda: len(acked) >= before_restart + 20, timeout=60), \
+                refused[-5:]
         flooding.clear()
         flooder.join(timeout=30)
         stored, url = [], "/v1/jobs?label=flood%3D1&limit=1000"

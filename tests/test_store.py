@@ -66,7 +66,7 @@ def test_jobs_and_events_persist_and_users_see_only_their_own(store, db_url):
 
 
 def test_a_page_of_jobs_carries_every_column_exactly_in_order(store, db_url):
-    """Pages read as one row on SQLite (``store._one_row``): every column as the ORM reads
+    """Pages read as one row on SQLite (``Store.jobs`` there): every column as the ORM reads
     it, timestamps to the last bit, NULLs as None, newest first, with filters and cursors."""
     from sqlalchemy import select, update
     from sqlalchemy.orm import Session

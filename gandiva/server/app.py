@@ -253,7 +253,9 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
             raise HTTPException(404, f"no job {job_id!r}")
         return row
 
-    sweep_api.routes(app, store, service.submit_sweep, service.backend.agent.checkpoint_dir, Who,
+    # (looked up at each request: the routes are built without a service for the schema)
+    sweep_api.routes(app, store, lambda who, spec: service.submit_sweep(who, spec),
+                     lambda job_id: service.backend.agent.checkpoint_dir(job_id), Who,
                      visible, NOT_FOUND, BAD_BODY)
 
     @app.get("/v1/whoami")

@@ -137,9 +137,12 @@ class Writer:
             if until():
                 return True
             left = deadline - time.monotonic()
-            with self._cond:
-                if left <= 0 or not self._cond.wait_for(lambda s=seen: self._moves != s, left):
-                    return until()
+            if left <= 0 or not self._moved(seen, left):
+                return until()
+
+    def _moved(self, seen: int, timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._moves != seen, timeout)
 
     def flush(self, timeout: float) -> bool:
         """Wait until every write handed over is stored (at most ``timeout`` s)."""
@@ -203,7 +206,8 @@ class Writer:
 
     def _take(self, most: int) -> list[Batch]:
         """The oldest batches, as many as make ``most`` writes (at least one)."""
-        taken, n = [], 0
+        taken: list[Batch] = []
+        n = 0
         for batch in self._batches:
             if taken and n + batch.size() > most:
                 break

@@ -182,13 +182,13 @@ class Service:
         """(The loop's ``on_points``.) A job's metric points, to store, and to judge if the
         job is a sweep's trial."""
         now = time.time()
-        series = {name[:64]: [(int(step), float(value)) for step, value in points
-                              if 0 <= step <= STEP_MAX and math.isfinite(value)]
-                  for name, points in series.items()}
+        kept = {name[:64]: [(int(step), float(value)) for step, value in points
+                            if 0 <= step <= STEP_MAX and math.isfinite(value)]
+                for name, points in series.items()}
         self.journal.points([{"job_id": rec.spec.id, "name": name, "step": step,
                               "value": value, "at": now}
-                             for name, points in series.items() for step, value in points])
-        self.sweeps.observe(rec.spec.id, series)
+                             for name, points in kept.items() for step, value in points])
+        self.sweeps.observe(rec.spec.id, kept)
 
     # ---- the store's writes -----------------------------------------------------------------
     def flush(self, timeout: float) -> bool:

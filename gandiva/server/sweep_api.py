@@ -71,12 +71,10 @@ def sweep_view(store: Store, checkpoint_dir: CheckpointDir, row: SweepRow,
              for t, job in trials]
     sign = 1 if spec.mode == "min" else -1
     done = [v for v in views if v.state == JobState.DONE and v.value is not None]
-    best = min(done, key=lambda v: (sign * v.value, v.trial), default=None)
-    if best is not None:
-        where = checkpoint_dir(best.job_id)
-        newest = checkpoint.steps(where) if where is not None else []
-        if newest:
-            best = best.model_copy(update={"checkpoint": str(checkpoint.path(where, newest[0]))})
+    best = min(done, key=lambda v: (sign * (v.value or 0.0), v.trial), default=None)
+    where = checkpoint_dir(best.job_id) if best is not None else None
+    if best is not None and where is not None and (newest := checkpoint.steps(where)):
+        best = best.model_copy(update={"checkpoint": str(checkpoint.path(where, newest[0]))})
     return SweepView(id=row.id, name=row.name, created_at=row.created_at, metric=spec.metric,
                      mode=spec.mode, rule=spec.stop.rule, rungs=spec.stop.rungs,
                      trials=views, best=best)

@@ -183,7 +183,7 @@ class Sweeps:
             self._finish(sweep)
         return len(sweeps)
 
-    def observe(self, job_id: str, series: dict[str, list[list[float]]]) -> None:
+    def observe(self, job_id: str, series: dict[str, list[tuple[int, float]]]) -> None:
         """(The loop.) A job reported ``series``; if it is a trial, judge it at every rung
         it has now reached."""
         trial = self.by_job.get(job_id)
