@@ -7,7 +7,6 @@ packed.
 
 import re
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 pytest.importorskip("torch")
 pw = pytest.importorskip("playwright.sync_api")
 from serving import running  # noqa: E402
+from waiting import until  # noqa: E402
 
 expect = pw.expect
 
@@ -26,15 +26,11 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 CNN = Path(__file__).resolve().parents[1] / "examples" / "cnn.py"
 WAIT_MS = 60_000  # generous: the server, three jobs and a browser share the machine's cores
 STEPS = 20_000  # longer than the tests; the server stops the jobs when it stops
-# Packing off: the three jobs take turns for as long as they run. With it on, gandiva packs
-# two of them onto one device once their first profiles arrive, within seconds, and keeps
-# them packed whatever the trial measures (pack_min_gain=-1): these tests are about what the
-# map shows, and a trial's verdict on a 2-core machine depends on what else ran in its
-# second (CI once saw no packed device for a minute: every pair judged, none kept)
-TIME_SLICING = "gandiva:-pack:quantum=3"
-# round-robin: every turn gives a waiting job its profile, which packing needs (by level, a
-# job that is not profiled in its first turn waits for the others to end)
-PACKING = "gandiva:quantum=3:pack_min_gain=-1:slice_order=roundrobin"
+# The test policy (these tests are about what the map shows, not about a policy's tuning):
+# the three jobs take turns of 3 s for as long as they run; with packing, the job that waits
+# after its first turn is packed beside one that runs, and the pair stays packed
+TIME_SLICING = "slicer:quantum=3"
+PACKING = "slicer:quantum=3:pack"
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no {CHROMIUM}")
 
@@ -101,14 +97,10 @@ def sign_in(page, server: Server, token: str | None = None) -> None:
 
 def wait_for_event(server: Server, jobs: list[str], kind: str, timeout: float = 60) -> str:
     """The first of ``jobs`` to have an event of ``kind``."""
-    deadline = time.monotonic() + timeout
     with server.client() as http:
-        while time.monotonic() < deadline:
-            for job in jobs:
-                if any(e["kind"] == kind for e in http.get(f"/v1/jobs/{job}/events").json()):
-                    return job
-            time.sleep(0.5)
-    raise AssertionError(f"no job was {kind} within {timeout} s")
+        return until(lambda: next((job for job in jobs if any(
+            e["kind"] == kind for e in http.get(f"/v1/jobs/{job}/events").json())), None),
+            timeout, f"a job {kind}", every=0.5)
 
 
 def events_of(server: Server, jobs: list[str]) -> str:
@@ -143,7 +135,7 @@ def test_the_token_is_asked_once_kept_and_asked_again_when_refused(server, page)
     expect(page.locator("#dashboard")).to_be_hidden()
 
 
-def test_while_gandiva_time_slices_the_table_and_map_show_who_waits_and_why(server, jobs, page):
+def test_while_jobs_take_turns_the_table_and_map_show_who_waits_and_why(server, jobs, page):
     sign_in(page, server)
     for job in jobs:
         row = page.locator(f'#jobs tr[data-job="{job}"]')
@@ -182,7 +174,7 @@ def test_clicking_a_job_shows_its_timeline_of_running_and_suspended(server, jobs
 
 
 @pytest.mark.parametrize("server", [PACKING], indirect=True)
-def test_once_gandiva_packs_two_jobs_the_map_shows_them_on_one_device(server, jobs, page):
+def test_once_two_jobs_are_packed_the_map_shows_them_on_one_device(server, jobs, page):
     sign_in(page, server)
     packed = page.locator('#gpu-map [data-device][data-mode="packed"]')
     try:
@@ -207,7 +199,7 @@ def test_the_job_table_shows_the_newest_page_and_older_ones_on_demand(server, jo
     expect(page.locator("#older-jobs")).to_be_hidden()  # no more pages
 
 
-@pytest.mark.parametrize("server", ["gandiva:quantum=2"], indirect=True)
+@pytest.mark.parametrize("server", ["slicer:quantum=2"], indirect=True)
 def test_a_sweeps_learning_curves_grey_its_paused_trials_and_a_trial_opens_its_own(server,
                                                                                    page):
     shutil.copy(CNN, server.home / "users" / "alice" / "cnn.py")
