@@ -115,6 +115,11 @@ class VirtualClock:
         with self._changed:
             return self._idle()
 
+    def settle(self, wall_s: float) -> bool:
+        """Wait until ``idle``, at most ``wall_s`` seconds of wall time; whether it is."""
+        with self._changed:
+            return self._changed.wait_for(self._idle, timeout=wall_s)
+
     def _idle(self) -> bool:
         self._threads = {t for t in self._threads if t.is_alive()}
         return (bool(self._waiting) and self._threads <= set(self._waiter.values())
