@@ -10,14 +10,20 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_runtime import EXAMPLES, assert_identical, flatten, started, wait_for  # noqa: E402
+from test_runtime import (  # noqa: E402
+    EXAMPLES,
+    assert_identical,
+    flatten,
+    started,
+    wait_for,
+)
+from waiting import trains, until  # noqa: E402
 
 from gandiva.job import checkpoint  # noqa: E402
 from gandiva.node.agent import Agent, Launch  # noqa: E402
@@ -58,9 +64,9 @@ def assert_same_training(a: dict, b: dict, keys: tuple[str, ...]) -> None:
                 assert fa[k] == fb[k], f"{key}.{k} differs"
 
 
-def run_under_gandiva(tmp: Path, launches: dict[str, Launch], crash: str, spec_model: str,
-                      last_step: int):
-    """Run ``launches`` (more jobs than the 2 slots) under ``gandiva:quantum=1``, with
+def run_time_sliced(tmp: Path, launches: dict[str, Launch], crash: str, spec_model: str,
+                    last_step: int):
+    """Run ``launches`` (more jobs than the 2 slots) in turns of a second (``slicer``), with
     periodic checkpoints; kill job ``crash``'s process once it has checkpointed before its
     ``last_step``, so it restarts from that checkpoint with work left. The backend's result."""
     from gandiva import actions as A
@@ -68,23 +74,23 @@ def run_under_gandiva(tmp: Path, launches: dict[str, Launch], crash: str, spec_m
     from gandiva.policies import make_policy
     from gandiva.spec import JobSpec
 
-    backend = Driver(make_policy("gandiva:quantum=1:-pack"), tmp / "run", slots=2,
-                           checkpoint_every_s=0.5, feedback_steps=10)
+    backend = Driver(make_policy("slicer:quantum=1"), tmp / "run", slots=2,
+                     checkpoint_every_s=0.5, feedback_steps=10)
     for jid, launch in launches.items():
         backend.submit(JobSpec(jid, 0.0, 1, spec_model), launch)
     killed: list[int] = []
 
     def kill_once_checkpointed() -> None:
         directory = backend.agent.checkpoint_dir(crash)
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not killed:
+
+        def running_with_work_left():
             job = backend.agent.jobs.get(crash)
             steps = checkpoint.steps(directory)
-            if (job and job.ranks and job.aware and not job.suspended and steps
-                    and max(steps) < last_step):
-                killed.append(job.ranks[0].proc.pid)
-                os.kill(job.ranks[0].proc.pid, signal.SIGKILL)
-            time.sleep(0.05)  # a few hundred mini-batches take about a second of running
+            return job if (job and job.ranks and job.aware and not job.suspended and steps
+                           and max(steps) < last_step) else None
+        job = until(running_with_work_left, 240, f"{crash} to checkpoint with work left")
+        killed.append(job.ranks[0].proc.pid)
+        os.kill(job.ranks[0].proc.pid, signal.SIGKILL)
 
     killer = threading.Thread(target=kill_once_checkpointed, daemon=True)
     killer.start()
@@ -112,7 +118,7 @@ def test_torchrun_ddp_script_runs_as_one_gang_time_sliced_and_ends_bit_identical
         assert started(agent, "d").restored is None
         assert len(agent.jobs["d"].ranks) == 2  # one process per rank, not torchrun's 2 x 2
         for devices in ((1, 0), (0, 1), (1, 0)):
-            time.sleep(0.3)
+            trains(agent, "d")
             agent.suspend("d")  # both ranks, at one boundary, through the library
             assert agent.jobs["d"].suspended and not agent.jobs["d"].signalled
             agent.resume("d", devices)
@@ -185,7 +191,7 @@ def test_unmodified_lightning_script_time_sliced_restarted_ends_bit_identical(tm
     # 1,200 mini-batches: about 2 s of running on a fast core, so that the job is seen running
     # between its first periodic checkpoint and its end (at 360 it ended inside that window on CI)
     runs = {f"l{i}": ["--epochs", "3", "--batches", "400", "--seed", str(i)] for i in range(3)}
-    backend, result = run_under_gandiva(
+    backend, result = run_time_sliced(
         tmp_path, {j: Launch(["{python}", script, *a]) for j, a in runs.items()},
         crash="l0", spec_model="mlp", last_step=1200)
     refs = standalone_all(tmp_path, {j: [sys.executable, script, *a] for j, a in runs.items()})
@@ -204,7 +210,7 @@ def test_hf_trainer_script_time_sliced_restarted_ends_bit_identical(tmp_path):
     pytest.importorskip("transformers", reason="pip install -e '.[integrations]'")
     script = str(EXAMPLES / "hf_bert.py")
     runs = {f"h{i}": ["--max-steps", "400", "--seed", str(i)] for i in range(3)}
-    backend, result = run_under_gandiva(
+    backend, result = run_time_sliced(
         tmp_path, {j: Launch(["{python}", script, *a]) for j, a in runs.items()},
         crash="h0", spec_model="bert", last_step=400)
     from test_hf import hf_training, run_alone  # a Trainer's checkpoint is a tar, not a dict

@@ -5,7 +5,6 @@ bit-identical to the same script run alone. Real processes on CPU slots."""
 
 from __future__ import annotations
 
-import queue
 import sys
 import threading
 import time
@@ -16,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 from test_integrations import assert_same_training, standalone_all  # noqa: E402
 from test_runtime import EXAMPLES  # noqa: E402
+from waiting import node_event, until  # noqa: E402
 
 from gandiva.job import checkpoint  # noqa: E402
 from gandiva.node.agent import Agent, Launch  # noqa: E402
@@ -68,24 +68,10 @@ def test_shuffled_dropout_accumulating_scripts_held_mid_epoch_end_bit_identical(
         assert_held_at_an_optimizer_step(agent.checkpoint_dir(package), held[package])
 
 
-def event(agent: Agent, kind: str, jobs, backlog: list, timeout: float = 120.0):
-    """The job and data of the next ``kind`` event of any of ``jobs`` (``wait_for`` for
-    several jobs at once: the events passed over wait in ``backlog`` for their turn)."""
-    for ev in backlog:
-        if ev.job_id in jobs and ev.kind == kind:
-            backlog.remove(ev)
-            return ev.job_id, ev.data
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            ev = agent.events.get(timeout=0.2)
-        except queue.Empty:
-            continue
-        if ev.job_id in jobs and ev.kind in (kind, "failed"):
-            assert ev.kind == kind, ev.data["reason"]
-            return ev.job_id, ev.data
-        backlog.append(ev)
-    raise AssertionError(f"no {kind!r} event for {list(jobs)} within {timeout} s")
+def event(agent: Agent, kind: str, jobs, backlog: list):
+    """The job and data of the next ``kind`` event of any of ``jobs``."""
+    ev = node_event(agent, kind, jobs, backlog=backlog)
+    return ev.job_id, ev.data
 
 
 def assert_held_at_an_optimizer_step(directory, step: int) -> None:
@@ -141,10 +127,9 @@ def test_a_suspend_during_validation_is_obeyed_at_a_validation_batch(tmp_path):
         agent.start("v", Launch(["{python}", str(EXAMPLES / "lightning_shuffled.py"),
                                  "--epochs", "1", "--samples", "2400", "--val-batches",
                                  "150", "--val-ms", "20", "--batch", "16"]), (0,))
-        deadline = time.monotonic() + 120
-        while not agent.jobs["v"].aware:  # it imported the library, and validates
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        until(lambda: agent.jobs["v"].aware, what="the library's hello")
+        # no event marks the validation's start: half a second after the hello, it is inside
+        # its 3 s of validation (a suspend there is what is tested)
         time.sleep(0.5)
         agent.suspend("v")
         job = agent.jobs["v"]
