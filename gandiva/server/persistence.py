@@ -6,8 +6,8 @@ sweep's decisions) is kept in a ``Journal`` and handed, at each of the loop's fl
 in one transaction. A write the database cannot take now (it is down, restarting, locked by
 another writer) is tried again after a back-off that doubles up to ``RETRY_MAX_S``, for as
 long as it takes: nothing queued is dropped, and a database that comes back gets every
-queued write in order. A write the database refuses for what it holds (a row it can never
-take) is dropped, with an error in the log, so that one bad row cannot stop the rest.
+queued write in order. A batch the database refuses for what it holds (a row it can never
+take) is tried alone, then dropped with an error in the log, so that it cannot stop the rest.
 
 How far behind the writer is shows in ``/metrics`` (``gandiva_store_writes_queued``,
 ``gandiva_store_behind_seconds``, ``gandiva_store_write_retries_total``) and in ``/readyz``
