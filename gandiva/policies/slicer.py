@@ -44,7 +44,6 @@ class Book:
     home: dict[str, tuple[int, ...]] = field(default_factory=dict)  # job -> its servers
     share: dict[str, dict[int, int]] = field(default_factory=dict)  # job -> server -> GPUs
     changes: int = 0  # counts changes, so that a reader copies only what changed
-    moved: set[str] | None = None  # jobs whose home changed, for a reader that sets it
 
     def height(self, server: int) -> float:
         """Demand over capacity: above 1 the server is over-subscribed (the paper's word);
@@ -69,18 +68,13 @@ class Book:
         for node, count in share.items():
             self.demand[node] += count
         self.share[job.id], self.home[job.id] = share, tuple(sorted(share))
-        self._moved(job.id)
+        self.changes += 1
 
     def release(self, job_id: str) -> None:
         for node, count in self.share.pop(job_id, {}).items():
             self.demand[node] -= count
         if self.home.pop(job_id, None) is not None:
-            self._moved(job_id)
-
-    def _moved(self, job_id: str) -> None:
-        self.changes += 1
-        if self.moved is not None:
-            self.moved.add(job_id)
+            self.changes += 1
 
 
 @dataclass
