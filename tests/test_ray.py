@@ -17,6 +17,7 @@ os.environ.update({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_EN
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 from test_runtime import EXAMPLES, assert_identical, reference  # noqa: E402
+from waiting import until  # noqa: E402
 
 from gandiva import actions as A  # noqa: E402
 from gandiva.backends.driver import Driver  # noqa: E402
@@ -57,10 +58,7 @@ def node_checkpoints(nodes: RayNodes, node: int, job_id: str) -> Path:
 
 
 def wait(condition, timeout: float = 120.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+    until(condition, timeout, what)
 
 
 def test_agents_claim_every_gpu_and_placement_follows_the_policy(nodes):
@@ -124,7 +122,9 @@ def test_actions_on_different_jobs_go_on_at_once(nodes, tmp_path):
 
     t = threading.Thread(target=suspend)
     t.start()
-    time.sleep(0.5)  # the suspend is under way, waiting for the boundary
+    # no event says that a suspend is under way on its node: half a second puts it there,
+    # well inside the up to 8 s it waits for the boundary (a wait is what is tested)
+    time.sleep(0.5)
     nodes.start("quick", cnn("--steps", "10"), (2,))  # device 2 is on node 1
     ended["start"] = time.monotonic()
     t.join(timeout=60)
@@ -138,9 +138,8 @@ def test_a_gang_over_two_nodes_trains_and_is_time_sliced(nodes, tmp_path):
     across them), and they take turns; both end bit-identical to an uninterrupted run."""
     args = ("--steps", "800", "--seed", "3")  # about 12 s each: several turns of 3 s
     ref = reference(tmp_path, "elastic_mlp.py", *args)
-    # (jobs of one level take turns only without keep_turn_in_level)
-    backend = Driver(make_policy("gandiva:quantum=3:-elastic:-pack:-keep_turn_in_level"),
-                     nodes.workdir, nodes=nodes, feedback_steps=20)
+    backend = Driver(make_policy("slicer:quantum=3"), nodes.workdir, nodes=nodes,
+                     feedback_steps=20)
     for name in ("a", "b"):
         backend.submit(JobSpec(name, 0.0, 4, "unknown"),
                        Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), *args]))
