@@ -158,3 +158,21 @@ def test_where_actions_take_time_a_turn_begins_once_the_node_has_started_the_job
     assert running(sched) == ["a", "b"]
     sched.handle(E.Tick(22.5))
     assert running(sched) == ["b", "c"]
+
+
+def test_a_gang_wider_than_a_server_waits_for_whole_free_servers():
+    sched, actions = drive("3x2", "slicer:quantum=1000", arrive("a"), arrive("b"), arrive("c"),
+                           E.Departure(1.0, "b"), arrive("g", at=2.0, gpus=4))
+    assert sched.cluster.free_count() == 4  # one on server 0, one on 1, server 2 whole
+    assert sched.cluster.jobs["g"].status is JobStatus.QUEUED  # not over three servers
+    sched.handle(E.Departure(3.0, "c"))
+    assert sched.cluster.servers_of(sched.cluster.jobs["g"].gpus) == {1, 2}
+
+
+def test_the_oldest_turn_yields_whichever_gpu_it_holds():
+    sched, actions = drive("1x2", "slicer:quantum=10", arrive("a"), arrive("b", at=1.0),
+                           E.Departure(2.0, "a"), arrive("d", at=3.0), arrive("c", at=4.0))
+    assert sched.cluster.jobs["d"].gpus == (0,) and sched.cluster.jobs["b"].gpus == (1,)
+    sched.handle(E.Tick(13.0))  # b's turn began first: it yields its GPU 1 to c
+    assert actions[-3:-1] == [A.Suspend("b"), A.Place("c", (1,))]
+    assert running(sched) == ["c", "d"]

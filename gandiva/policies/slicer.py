@@ -1,10 +1,12 @@
 """``slicer``: round robin, a ``quantum`` a turn; the smallest time-slicing policy.
 
-Jobs take free GPUs first come, first served (``best_fit``: a gang whole, over whole servers
-where it spans them). While jobs wait, each running job yields once it has had a ``quantum``
-of turn: the jobs that run next are the running ones still within their turn, then the
-waiting ones in the order they began to wait, then the running ones with the newest turn,
-as many as the GPUs hold; the others are suspended and join the back of the line. Where
+Jobs take free GPUs first come, first served: a job on the server with the fewest free GPUs
+that holds it, a gang wider than a server on whole free servers (else it waits). While jobs
+wait, each running job yields once it has had a ``quantum`` of turn: the jobs that run next
+are the running ones still within their turn, then the waiting ones in the order they began
+to wait, then the running ones with the newest turn, as many as find room; the others are
+suspended and join the back of the line. (Who yields is decided by the line, not by where
+the room is: a gang waits until the turns that end free whole servers.) Where
 actions take time (a real backend: ``Cluster.confirms``), a turn begins once the job's node
 has started it, as the first event after its confirmation shows: a slow restore does not
 eat the turn, and a job moved every quantum still trains.
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 
 from gandiva import actions as A
 from gandiva import events as E
-from gandiva.policies.placement import best_fit, pick_in_server
+from gandiva.policies.placement import pick, pick_in_server
 from gandiva.state import Cluster, Job, JobStatus
 
 
@@ -155,32 +157,74 @@ class Slicer:
         line = self._line(cluster)
         if not line:
             return
-        now, running = cluster.now, self._alone(cluster)
-        in_turn = [j for j in running if self._in_turn(j, now)]
-        done = sorted((j for j in running if not self._in_turn(j, now)),
+        now = cluster.now
+        done = sorted((j for j in self._alone(cluster) if not self._in_turn(j, now)),
                       key=lambda j: (-self._since[j.id], -j.seq))  # newest turn first
-        capacity = cluster.free_count() + sum(len(j.gpus) for j in running)
-        chosen: list[Job] = []
-        for job in [*in_turn, *line, *done]:
-            width = len(job.gpus) or job.num_gpus
-            if width <= capacity:
-                chosen.append(job)
-                capacity -= width
-        keep = {j.id for j in chosen}
+        # who runs next, placed on a copy of the free GPUs where every ended turn has left:
+        # free GPUs are taken first, then those of the oldest turns
+        room = self._free(cluster)
+        cost = {g: len(done) - i for i, job in enumerate(done) for g in job.gpus}
         for job in done:
-            if job.id not in keep:
+            for g in job.gpus:
+                room[cluster.gpus[g].node].append(g)
+        starts: list[tuple[Job, tuple[int, ...]]] = []
+        stays: set[str] = set()
+        for job in [*line, *done]:
+            if job.status is JobStatus.RUNNING:  # an ended turn goes on where it is, if free
+                if all(g in room[cluster.gpus[g].node] for g in job.gpus):
+                    self._take(cluster, room, job.gpus)
+                    stays.add(job.id)
+            elif (gpus := self._place(cluster, room, job.num_gpus, cost)) is not None:
+                self._take(cluster, room, gpus)
+                starts.append((job, gpus))
+        for job in done:
+            if job.id not in stays:
                 yield A.Suspend(job.id)
                 self._began(job, cluster)
-        for job in chosen:
-            if job.status is JobStatus.RUNNING:
-                continue
-            gpus = best_fit(cluster, job.num_gpus)
-            assert gpus is not None, "chosen by GPU count, so the freed GPUs hold it"
+        for job, gpus in starts:
             if job.status is JobStatus.SUSPENDED:
                 yield A.Resume(job.id, gpus)
             else:
                 yield A.Place(job.id, gpus)
             self._began(job, cluster)
+
+    @staticmethod
+    def _free(cluster: Cluster) -> dict[int, list[int]]:
+        """Each up server's free GPUs (a copy)."""
+        return {n.id: list(cluster.free_gpus(n.id)) for n in cluster.nodes if n.up}
+
+    @staticmethod
+    def _take(cluster: Cluster, room: dict[int, list[int]], gpus: tuple[int, ...]) -> None:
+        for g in gpus:
+            room[cluster.gpus[g].node].remove(g)
+
+    @staticmethod
+    def _place(cluster: Cluster, room: dict[int, list[int]], count: int,
+               cost: dict[int, int] | None = None) -> tuple[int, ...] | None:
+        """GPUs for a job of ``count`` in ``room``: on the server with the fewest free GPUs
+        that holds it; wider than any, on whole free servers, racks together; else None.
+        Within a server, the GPUs of least ``cost`` (0: free now), then as ``pick`` packs
+        sockets."""
+        cost = cost or {}
+
+        def take(server: int, n: int) -> list[int]:
+            free = sorted(room[server], key=lambda g: (cost.get(g, 0), g))
+            if any(cost.get(g, 0) for g in free[:n]):
+                return free[:n]
+            return pick(sorted(g for g in free if not cost.get(g, 0)),
+                        lambda g: cluster.gpus[g].socket, n)
+
+        fits = [s for s, free in room.items() if len(free) >= count]
+        if fits:
+            return tuple(take(min(fits, key=lambda s: (len(room[s]), s)), count))
+        whole = sorted((s for s, free in room.items() if len(free) == cluster.nodes[s].size),
+                       key=lambda s: (cluster.nodes[s].rack, s))
+        picked: list[int] = []
+        for s in whole:
+            picked.extend(take(s, min(count - len(picked), len(room[s]))))
+            if len(picked) == count:
+                return tuple(picked)
+        return None
 
     def _pack(self, cluster: Cluster) -> Iterator[A.Action]:
         for job in self._line(cluster):
