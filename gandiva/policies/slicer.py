@@ -6,10 +6,11 @@ wait, each running job yields once it has had a ``quantum`` of turn: the jobs th
 are the running ones still within their turn, then the waiting ones in the order they began
 to wait, then the running ones with the newest turn, as many as find room; the others are
 suspended and join the back of the line. (Who yields is decided by the line, not by where
-the room is: a gang waits until the turns that end free whole servers.) Where
-actions take time (a real backend: ``Cluster.confirms``), a turn begins once the job's node
-has started it, as the first event after its confirmation shows: a slow restore does not
-eat the turn, and a job moved every quantum still trains.
+the room is: a gang waits until the turns that end free whole servers.)
+
+Where actions take time (a real backend: ``Cluster.confirms``), a turn begins once the job's
+node has started it, as the first event after its confirmation shows: a slow restore does
+not eat the turn, and a job moved every quantum still trains.
 
 Two optional mechanisms, off by default:
 
