@@ -98,6 +98,7 @@ def run(policy: str, rule: str, args: argparse.Namespace) -> dict:
         span = time.time() - t0
         backend.stop()
         loop.join()
+        service.close()  # every write stored before the store is read
         reached, best = None, None
         for trial, job in store.trials([sweep.id]):
             points = store.points(job.id, ["loss"]).get("loss", [])

@@ -432,6 +432,7 @@ def server(
                  drain)
         loop_backend.stop(drain_s=drain)
         loop.join(timeout=drain + 30)
+        service.close()  # what the loop reported last, stored before the process ends
         log.info("stopped")
 
 

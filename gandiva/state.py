@@ -138,6 +138,15 @@ class Cluster:
         self._down_gpus = 0
 
     # ---- construction -------------------------------------------------------------------
+    def driven_by(self, *, confirms: bool = False, watched: bool = False,
+                  skip_quiet_rounds: bool = False) -> None:
+        """Say how the backend driving this state works: whether its actions take time
+        (``confirms``), whether it watches the GPUs whose jobs change (``watched``: it reads
+        and clears ``touched``), and whether rounds that change nothing may be put off."""
+        self.confirms = confirms
+        self.touched = set() if watched else None
+        self.skip_quiet_rounds = skip_quiet_rounds
+
     @classmethod
     def build(
         cls, spec: str = "25x4", gpu_type: str = "V100", sockets: int = SOCKETS_PER_SERVER

@@ -176,7 +176,9 @@ class Driver:
         self.counts = no_counts()  # every action carried out, by kind
         # device -> job -> (since, shared): the timeline's segments not yet closed
         self._open: dict[int, dict[str, tuple[float, bool]]] = {}
-        self.cluster.touched = set()  # the devices _track looks at
+        # actions take time here (jobs are in transition), and _track looks at the devices
+        # whose jobs changed
+        self.cluster.driven_by(confirms=True, watched=True)
         self._next_overdue_check = 0.0
         self._snapshot_cost = 0.0
         self.timeline: list[tuple[int, str, float, float, bool]] = []
@@ -193,7 +195,6 @@ class Driver:
         self.on_points: Callable[[JobRecord, dict[str, list[list[float]]]], None] | None = None
         self._outbox: list[tuple[str, object, Callable[[], Future | None], tuple[int, ...]]] = []
         self.observer = Observer()
-        self.cluster.confirms = True  # actions take time here: jobs are in transition
         low, high = ACTION_WORKERS
         self.courier = Courier(self._acted, workers=min(high, max(low, len(self.devices))),
                                clock=self.clock)
@@ -696,6 +697,7 @@ class Driver:
         """Close and open timeline segments where who is on a device, or whether it is
         shared, changed (on the devices the state says were touched: not a scan of all)."""
         now, gpus, touched = self.now(), self.cluster.gpus, self.cluster.touched
+        assert touched is not None  # (driven_by(watched=True))
         self.seen.track(touched)
         for g in touched:
             jobs = gpus[g].jobs

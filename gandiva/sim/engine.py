@@ -127,9 +127,9 @@ class Simulator:
         self.perf = perf or default_perf_model()
         self.config = config or SimConfig()
         self.scheduler = Scheduler(cluster, policy, self)
-        cluster.skip_quiet_rounds = (self.config.skip_quiet_rounds and not self.config.timeline
-                               and self.config.report_every is None
-                               and self.config.controller is None)
+        cluster.driven_by(skip_quiet_rounds=self.config.skip_quiet_rounds
+                          and not self.config.timeline and self.config.report_every is None
+                          and self.config.controller is None)
         self.policy = policy
         self._noise: dict[str, float] = {}  # job -> the error of its measurements alone
         self._measured: dict[str, int] = {}  # job beside others -> measurements so far

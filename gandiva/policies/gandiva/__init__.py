@@ -97,6 +97,15 @@ class Gandiva:
         return self.s.book
 
     @property
+    def quantum(self) -> float:
+        return self.config.quantum
+
+    def placements(self) -> Book:
+        """Where jobs belong, for readers (``backends.explain``), who read it through
+        ``Book.placement`` and ``Book.moved_since`` only."""
+        return self.s.book
+
+    @property
     def waiting(self) -> Waiting:
         """The jobs with no home yet, in the order they are placed."""
         return self.s.waiting
