@@ -133,9 +133,9 @@ def test_checkpoint_file_is_streamed_not_held_in_memory_and_the_earlier_format_r
 def test_rng_files_follow_the_ranks_of_a_new_width(tmp_path):
     for rank in range(2):
         (tmp_path / f"rng_state_{rank}.pth").write_bytes(b"r%d" % rank)
-    hf._rng_for_width(tmp_path, 2, 1)  # a one-process Trainer reads rng_state.pth
+    hf.rng_for_width(tmp_path, 2, 1)  # a one-process Trainer reads rng_state.pth
     assert (tmp_path / "rng_state.pth").read_bytes() == b"r0"
-    hf._rng_for_width(tmp_path, 2, 4)
+    hf.rng_for_width(tmp_path, 2, 4)
     assert [(tmp_path / f"rng_state_{r}.pth").read_bytes() for r in range(4)] == [
         b"r0", b"r1", b"r0", b"r1"]
 
@@ -292,4 +292,4 @@ def test_a_width_that_cannot_keep_the_global_batch_is_refused(tmp_path):
     callback.trainer = type("T", (), {"args": Args()})()
     callback.resumed = {"world_size": 2, "global_batch": 16}
     with pytest.raises(RuntimeError, match="global batch of 16 samples on 3 ranks"):
-        callback._fit_width()
+        callback.fit_width()

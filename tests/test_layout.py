@@ -139,6 +139,13 @@ def test_no_module_reads_another_objects_private_state(name):
     assert private_reads(MODULES[name], own_private_names()) == []
 
 
+def test_no_test_reads_private_state_of_gandiva():
+    tests = Path(__file__).resolve().parent
+    found = [r for path in sorted(tests.glob("*.py"))
+             for r in private_reads(path, own_private_names(), root=tests.parent)]
+    assert found == []
+
+
 def test_a_read_of_another_objects_private_state_is_found(tmp_path):
     source = tmp_path / "gandiva" / "x.py"
     source.parent.mkdir()

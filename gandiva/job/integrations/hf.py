@@ -155,7 +155,7 @@ def _rng_name(world_size: int, rank: int) -> str:
     return "rng_state.pth" if world_size <= 1 else f"rng_state_{rank}.pth"
 
 
-def _rng_for_width(folder: Path, old: int, new: int) -> None:
+def rng_for_width(folder: Path, old: int, new: int) -> None:
     """Give each rank of the new width an RNG file: rank ``i`` that of old rank ``i mod
     old`` (streams of different widths cannot correspond; every rank still gets one)."""
     for rank in range(new):
@@ -207,10 +207,10 @@ class GandivaCallback(TrainerCallback):
             unpack(file, folder)
             meta = self._meta(folder)
             if meta:
-                _rng_for_width(folder, meta["world_size"], self.job.world_size)
+                rng_for_width(folder, meta["world_size"], self.job.world_size)
         self.job.barrier()
         self.resumed, self.unpacked = self._meta(folder), node
-        self._fit_width()
+        self.fit_width()
         self.job.restored(step)
         return str(folder)
 
@@ -219,7 +219,7 @@ class GandivaCallback(TrainerCallback):
         path = folder / META
         return json.loads(path.read_text()) if path.is_file() else {}
 
-    def _fit_width(self) -> None:
+    def fit_width(self) -> None:
         """Keep the checkpoint's global batch at this width (see the module's docstring)."""
         args, meta = self.trainer.args, self.resumed
         width = max(1, args.world_size)
