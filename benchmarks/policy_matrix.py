@@ -16,7 +16,18 @@ Two utilisations, both over the GPUs' time from the first arrival to the last fi
   work, so it differs only by the span: a policy that leaves GPUs idle while work remains
   ends later and scores lower. This is the utilisation lead issue 17 asks gandiva to keep.
 
-Usage: python benchmarks/policy_matrix.py [--quick] [--jobs 2000] [--traces a,b,...] [--workers 2]
+Tuning and validation (--split): defaults are chosen on the tuning set only and reported on
+both. The sets split the workloads by source, so no trace family is in both:
+- tuning: Gavel's traces (its physical-cluster traces and its per-VC Philly samples) and
+  Tiresias' 60 jobs;
+- validation: Pollux's workloads (synthetic and realistic), the Philly job list, Chronus'
+  Philly-derived lists, Alibaba's 2023 GPU list, and windows of the Philly and Alibaba lists
+  no choice has seen (``philly@30d``: the first jobs submitted from day 30 on).
+Each set's summary gives gandiva/LAS's geometric mean, the wins, the worst cell, and the
+cells where gandiva wins the mean but loses the p95 (a mean bought with the tail).
+
+Usage: python benchmarks/policy_matrix.py [--quick] [--split tuning|validation|both]
+       [--jobs 2000] [--traces a,b,...] [--workers 2]
 --quick: six traces of different kinds, 300 jobs each (a minute or two on 2 cores).
 Prints a table and one JSON line, and keeps the run in benchmarks/results/.
 """
@@ -67,9 +78,34 @@ def cluster_for(trace: Trace, load: float) -> str:
     return f"{math.ceil(gpus / SERVER)}x{SERVER}:{trace.reference_gpu}"
 
 
+# windows of the long lists that no default was chosen on: (trace, first day)
+UNSEEN_WINDOWS = (("philly", 30), ("philly", 60), ("philly", 90), ("alibaba-2023", 60),
+                  ("alibaba-2023", 110))
+TUNING_FAMILIES = ("gavel", "tiresias")
+
+
+def family(workload: str) -> str:
+    """The source a workload comes from: ``gavel-philly-0e4a51`` -> ``gavel``."""
+    return workload.split("@")[0].split("-")[0]
+
+
+def workloads(split: str) -> list[str]:
+    """The workloads of a split: ``tuning``, ``validation`` or ``both``."""
+    every = sorted(BUNDLED) + [f"{name}@{day}d" for name, day in UNSEEN_WINDOWS]
+    if split == "both":
+        return every
+    tuning = split == "tuning"
+    return [w for w in every if (family(w) in TUNING_FAMILIES) == tuning]
+
+
 @functools.lru_cache(maxsize=1)  # a trace's two loads run one after the other
 def first_jobs(name: str, jobs: int) -> Trace:
-    return load_trace(name, jobs=jobs)
+    """The first ``jobs`` jobs of a workload: a bundled trace, or ``trace@Nd``, the first
+    jobs submitted from day N on."""
+    if "@" not in name:
+        return load_trace(name, jobs=jobs)
+    trace, day = name.split("@")
+    return load_trace(trace, jobs=jobs, window=(float(day.removesuffix("d")) * 86400, 1e12))
 
 
 def row(task: tuple[str, int, str, dict[str, str]]) -> dict:
@@ -83,24 +119,47 @@ def row(task: tuple[str, int, str, dict[str, str]]) -> dict:
         s = summarize(simulate(trace, specs[policy], cluster=cluster))
         cells[policy] = {"mean_jct_min": round(s["mean_jct_s"] / 60, 2),
                          "p95_jct_min": round(s["p95_jct_s"] / 60, 2),
+                         "p99_jct_min": round(s["p99_jct_s"] / 60, 2),
+                         "max_ftf": round(s["max_ftf_rho"], 2),
                          "first_feedback_min": round(s["mean_first_feedback_s"] / 60, 2),
                          "allocation": round(s["utilization"], 4),
                          "useful": round(s["useful_utilization"], 4),
                          "finished": s["finished"],
                          "wall_s": round(time.perf_counter() - t0, 2)}
     g, las, fifo = cells["gandiva"], cells["las"], cells["fifo"]
-    return {"trace": name, "jobs": len(trace.jobs), "load": load_name, "cluster": cluster,
-            "cells": cells, "jct_win": g["mean_jct_min"] <= las["mean_jct_min"],
+    return {"trace": name, "family": family(name), "jobs": len(trace.jobs), "load": load_name,
+            "cluster": cluster, "cells": cells, "jct_win": g["mean_jct_min"] <= las["mean_jct_min"],
             "gandiva_over_las": round(g["mean_jct_min"] / las["mean_jct_min"], 3)
             if las["mean_jct_min"] else None,
+            "p95_over_las": round(g["p95_jct_min"] / las["p95_jct_min"], 3)
+            if las["p95_jct_min"] else None,
+            "tail_loss": g["mean_jct_min"] <= las["mean_jct_min"]
+            and g["p95_jct_min"] > las["p95_jct_min"],
             "feedback_lead": g["first_feedback_min"] <= fifo["first_feedback_min"],
             "allocation_lead": g["allocation"] >= max(las["allocation"], fifo["allocation"]),
             "useful_lead": g["useful"] >= max(las["useful"], fifo["useful"])}
 
 
+def standing(rows: list[dict]) -> dict:
+    """A set's summary: gandiva/LAS's geometric mean over its cells, the wins, the worst cell,
+    and the cells whose mean is won with a p95 lost."""
+    ratios = [r["gandiva_over_las"] for r in rows if r["gandiva_over_las"]]
+    worst = max(rows, key=lambda r: r["gandiva_over_las"] or 0.0)
+    return {"cells": len(rows), "wins": sum(r["jct_win"] for r in rows),
+            "geomean_over_las": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
+            if ratios else None,
+            "worst": f"{worst['trace']} ({worst['load']}) {worst['gandiva_over_las']}",
+            "tail_losses": [f"{r['trace']} ({r['load']}) p95 {r['p95_over_las']}"
+                            for r in rows if r["tail_loss"]],
+            "feedback_leads": sum(r["feedback_lead"] for r in rows),
+            "useful_leads": sum(r["useful_lead"] for r in rows)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--split", choices=("tuning", "validation", "both"), default="both",
+                    help="which workloads: the tuning set, the validation set, or both")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--traces", default=None)
     ap.add_argument("--gandiva", default="gandiva", help="the gandiva variant to compare, "
@@ -109,8 +168,9 @@ def main() -> None:
                     help="cells run in this many processes (each cell's wall time is its own)")
     args = ap.parse_args()
     specs = {"fifo": "fifo", "las": "las", "gandiva": args.gandiva}
-    names = (args.traces.split(",") if args.traces else QUICK if args.quick
-             else sorted(BUNDLED))
+    names = (args.traces.split(",") if args.traces else
+             [n for n in QUICK if n in workloads(args.split)] if args.quick
+             else workloads(args.split))
     jobs = args.jobs or (300 if args.quick else 2000)
     t_all = time.perf_counter()
     tasks = [(name, jobs, load_name, specs) for name in names for load_name in LOADS]
@@ -120,33 +180,53 @@ def main() -> None:
     else:
         rows = [row(task) for task in tasks]
     wall = time.perf_counter() - t_all
-    table = Table(title=f"mean JCT min (p95) · first feedback min · allocation (useful); "
-                        f"{jobs} jobs per trace; wall {wall:.0f} s")
-    for col in ("trace", "load", "cluster", *POLICIES, "gandiva/LAS", "win"):
-        table.add_column(col, justify="left" if col in ("trace", "load", "cluster") else "right")
-    for r in rows:
-        c = r["cells"]
-        table.add_row(r["trace"], r["load"], r["cluster"], *(
-            f"{c[p]['mean_jct_min']:,.1f} ({c[p]['p95_jct_min']:,.0f}) · "
-            f"{c[p]['first_feedback_min']:,.1f} · {c[p]['allocation']:.0%} ({c[p]['useful']:.0%})"
-            for p in POLICIES),
-            f"{r['gandiva_over_las']:.2f}" if r["gandiva_over_las"] else "-",
-            "win" if r["jct_win"] else "loss")
-    console = Console(width=220, record=True)
-    console.print(table)
-    wins = sum(r["jct_win"] for r in rows)
-    console.print(f"gandiva <= LAS on mean JCT in {wins} of {len(rows)} cells; first-feedback "
-                  f"lead over FIFO in {sum(r['feedback_lead'] for r in rows)} of {len(rows)}; "
-                  f"allocation at least both others' in "
-                  f"{sum(r['allocation_lead'] for r in rows)} of {len(rows)}; useful "
-                  f"utilisation at least both others' in "
-                  f"{sum(r['useful_lead'] for r in rows)} of {len(rows)}")
-    line = json.dumps({"benchmark": "policy_matrix", "quick": args.quick, "jobs": jobs,
-                       "gandiva": args.gandiva, "workers": args.workers,
-                       "wall_s": round(wall, 1), "rows": rows})
+    sets = {"tuning": [r for r in rows if r["family"] in TUNING_FAMILIES],
+            "validation": [r for r in rows if r["family"] not in TUNING_FAMILIES]}
+    # the windows no choice has ever seen, apart (the validation families were in the matrix
+    # every default before the split was chosen on)
+    unseen = [r for r in sets["validation"] if "@" in r["trace"]]
+    console = Console(width=240, record=True)
+    summary = {}
+    for set_name, set_rows in sets.items():
+        if not set_rows:
+            continue
+        table = Table(title=f"{set_name}: mean JCT min (p95 · p99) · first feedback min · "
+                            f"allocation (useful) · max FTF; {jobs} jobs per workload")
+        for col in ("workload", "load", "cluster", *POLICIES, "gandiva/LAS", "p95/LAS", "win"):
+            table.add_column(col, justify="left" if col in ("workload", "load", "cluster")
+                             else "right")
+        for r in set_rows:
+            c = r["cells"]
+            table.add_row(r["trace"], r["load"], r["cluster"], *(
+                f"{c[p]['mean_jct_min']:,.1f} ({c[p]['p95_jct_min']:,.0f} · "
+                f"{c[p]['p99_jct_min']:,.0f}) · {c[p]['first_feedback_min']:,.1f} · "
+                f"{c[p]['allocation']:.0%} ({c[p]['useful']:.0%}) · {c[p]['max_ftf']:,.1f}"
+                for p in POLICIES),
+                f"{r['gandiva_over_las']:.2f}" if r["gandiva_over_las"] else "-",
+                f"{r['p95_over_las']:.2f}" if r["p95_over_las"] else "-",
+                "win" if r["jct_win"] else "loss")
+        console.print(table)
+        s = summary[set_name] = standing(set_rows)
+        console.print(
+            f"{set_name}: gandiva <= LAS on mean JCT in {s['wins']} of {s['cells']} cells, "
+            f"geometric mean of gandiva/LAS {s['geomean_over_las']}, worst {s['worst']}; "
+            f"mean won with p95 lost in {len(s['tail_losses'])}"
+            + (f" ({'; '.join(s['tail_losses'])})" if s["tail_losses"] else "")
+            + f"; first-feedback lead over FIFO in {s['feedback_leads']}; useful utilisation "
+            f"at least both others' in {s['useful_leads']}")
+    if unseen:
+        s = summary["unseen windows"] = standing(unseen)
+        console.print(f"of which windows no choice has seen: gandiva <= LAS on mean JCT in "
+                      f"{s['wins']} of {s['cells']}, geometric mean {s['geomean_over_las']}, "
+                      f"worst {s['worst']}; mean won with p95 lost in {len(s['tail_losses'])}")
+    console.print(f"wall {wall:.0f} s")
+    line = json.dumps({"benchmark": "policy_matrix", "quick": args.quick, "split": args.split,
+                       "jobs": jobs, "gandiva": args.gandiva, "workers": args.workers,
+                       "wall_s": round(wall, 1), "summary": summary, "rows": rows})
     print(line)
     variant = "" if args.gandiva == "gandiva" else "-" + args.gandiva.replace(":", "_")
-    stem = kept_stem(f"policy-matrix{'-quick' if args.quick else ''}{variant}")
+    split = "" if args.split == "both" else "-" + args.split
+    stem = kept_stem(f"policy-matrix{'-quick' if args.quick else ''}{split}{variant}")
     stem.with_suffix(".txt").write_text(console.export_text(), encoding="utf-8")
     stem.with_suffix(".json").write_text(line + "\n", encoding="utf-8")
 

@@ -187,11 +187,14 @@ def check_models(trace: Any) -> None:
 
 @app.command()
 def demo(
-    jobs: Annotated[int | None, typer.Option(help="Configurations to try (default: 3 per "
-                                             "device)")] = None,
+    jobs: Annotated[int | None, typer.Option(help="Jobs to run (default: 3 per device)")]
+    = None,
     slots: Annotated[int | None, typer.Option(help="Devices to use (default: every GPU, or "
                                               "one CPU slot per core)")] = None,
-    steps: Annotated[int, typer.Option(help="Mini-batches per job")] = 1500,
+    steps: Annotated[int, typer.Option(help="Mini-batches of the longest job (the others "
+                                       "run 5-60% of it)")] = 8000,
+    arrival_gap: Annotated[float, typer.Option(help="Seconds between one job's submission "
+                                               "and the next's")] = 2.0,
     quantum: Annotated[float, typer.Option(help="gandiva's time slice, seconds")] = 5.0,
     policy: Annotated[str, typer.Option(help="Comma-separated policies to compare")]
     = "fifo,gandiva",
@@ -200,18 +203,28 @@ def demo(
     json_path: Annotated[Path | None, typer.Option("--json", help="Write results as JSON")]
     = None,
 ) -> None:
-    """Run a hyper-parameter search of real PyTorch jobs on this machine, once per policy."""
-    from gandiva.demo import DemoConfig, examples_dir, policy_spec, run_demo
+    """Run a queue of real PyTorch jobs of mixed lengths on this machine, once per policy."""
+    from gandiva.demo import (
+        METRICS,
+        DemoConfig,
+        examples_dir,
+        policy_spec,
+        reading,
+        run_demo,
+        shown,
+    )
     from gandiva.policies import make_policy
     from gandiva.report import plot_timeline
 
-    cfg = DemoConfig(jobs=jobs, slots=slots, steps=steps, quantum=quantum,
-                     policies=tuple(p.strip() for p in policy.split(",") if p.strip()),
-                     feedback_steps=max(1, steps // 10))
     if (jobs is not None and jobs < 1) or (slots is not None and slots < 1) or steps < 1:
         raise fail("--jobs, --slots and --steps must be at least 1")
     if quantum <= 0:
         raise fail("--quantum must be positive (seconds)")
+    if arrival_gap < 0:
+        raise fail("--arrival-gap must be 0 or more (seconds)")
+    cfg = DemoConfig(jobs=jobs, slots=slots, steps=steps, arrival_gap=arrival_gap,
+                     quantum=quantum,
+                     policies=tuple(p.strip() for p in policy.split(",") if p.strip()))
     try:
         examples_dir()
         for p in cfg.policies:
@@ -221,27 +234,22 @@ def demo(
 
     def started(spec: str, n: int, devices: list[str]) -> None:
         console.print(f"[bold]{spec}[/]: {n} jobs on {len(devices)} devices "
-                      f"({', '.join(devices)}) ...")
+                      f"({', '.join(devices)}), one every {cfg.arrival_gap:g} s ...")
 
     results = run_demo(cfg, out.resolve(), on_start=started)
-    table = Table(title=f"hyper-parameter search: {cfg.steps} mini-batches per job; first "
-                        f"feedback = {cfg.feedback_steps} mini-batches done")
+    summaries = [s for _, s in results.values()]
+    table = Table(title=f"jobs of {min(cfg.lengths(6))}-{cfg.steps} mini-batches, one every "
+                        f"{cfg.arrival_gap:g} s; first feedback = {cfg.feedback_steps} "
+                        f"mini-batches done")
     table.add_column("metric")
     for spec in results:
         table.add_column(spec, justify="right")
-    rows = [("jobs done", "finished", "{:.0f}"), ("jobs failed", "failed", "{:.0f}"),
-            ("mean time to first feedback", "mean_first_feedback_s", "{:.1f} s"),
-            ("worst time to first feedback", "max_first_feedback_s", "{:.1f} s"),
-            ("mean JCT", "mean_jct_s", "{:.1f} s"), ("makespan", "makespan_s", "{:.1f} s"),
-            ("device utilisation", "utilization", "{:.0%}"), ("suspends", "suspends", "{:.0f}"),
-            ("mean suspend latency", "mean_suspend_s", "{:.3f} s"),
-            ("packs / unpacks", None, None)]
-    for label, key, form in rows:
-        if key is None:
-            table.add_row(label, *(f"{s['packs']} / {s['unpacks']}" for _, s in results.values()))
-            continue
-        table.add_row(label, *("-" if s[key] is None or s[key] != s[key]  # None or NaN
-                               else form.format(s[key]) for _, s in results.values()))
+    compared = len(summaries) == 2  # the second policy read against the first
+    if compared:
+        table.add_column(f"{list(results)[1]} against {list(results)[0]}, and why")
+    for m in METRICS:
+        table.add_row(m.label, *(shown(m, s) for s in summaries),
+                      *([reading(m, *summaries)] if compared else []))
     console.print(table)
     for i, (spec, (res, _)) in enumerate(results.items()):
         png = out / f"timeline_{i}_{spec.split(':')[0]}.png"
@@ -256,7 +264,7 @@ def demo(
     if json_path is not None:
         _write_json_atomic(json_path, {spec: _json_safe(s) for spec, (_, s) in results.items()})
         console.print(f"json: {json_path}")
-    if any(s["failed"] for _, s in results.values()):
+    if any(s["failed"] for s in summaries):
         raise typer.Exit(1)
 
 

@@ -350,12 +350,14 @@ def test_server_logs_as_json_are_one_object_per_line_with_level_and_logger():
 
 
 def test_the_demo_runs_real_jobs_under_each_policy_and_gandiva_takes_turns(tmp_path):
-    """The README's first command, small: a search of real PyTorch jobs, more jobs than
-    slots, under fifo and gandiva; every job ends, and a summary per policy is written."""
+    """The README's first command, small: real PyTorch jobs of mixed lengths arriving over
+    time, more jobs than slots, under fifo and gandiva; every job ends, and a summary per
+    policy is written."""
     out = tmp_path / "demo.json"
     proc = subprocess.run([str(GANDIVA), "demo", "--jobs", "4", "--slots", "2", "--steps",
-                           "150", "--quantum", "1", "--out", str(tmp_path / "run"), "--json",
-                           str(out)], capture_output=True, text=True, timeout=600)
+                           "1200", "--arrival-gap", "0.5", "--quantum", "1", "--out",
+                           str(tmp_path / "run"), "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summaries = json.loads(out.read_text())
     assert set(summaries) == {"fifo", "gandiva:quantum=1"}
@@ -364,5 +366,23 @@ def test_the_demo_runs_real_jobs_under_each_policy_and_gandiva_takes_turns(tmp_p
         assert all(loss is not None for loss in s["final_losses"].values())
         assert 0 < s["max_first_feedback_s"] <= s["makespan_s"]  # every job gave feedback
     fifo, gandiva = summaries["fifo"], summaries["gandiva:quantum=1"]
-    assert fifo["suspends"] == 0 < gandiva["suspends"]  # 4 jobs on 2 slots: turns
+    assert fifo["suspends"] == 0 < gandiva["suspends"]  # 2 short jobs behind 2 long: turns
+    assert "against fifo, and why" in proc.stdout  # each metric read: wins or pays, and why
     assert len(list((tmp_path / "run").glob("timeline_*.png"))) == 2  # one per policy
+
+
+def test_the_demo_submits_mixed_lengths_over_time_and_reads_each_metric_both_ways():
+    """Two long jobs first, then short ones, a gap apart; a metric reads as a win where
+    gandiva's value is better and as a price where it is worse."""
+    from gandiva.demo import METRICS, DemoConfig, reading, search
+
+    cfg = DemoConfig(steps=1000, arrival_gap=3.0)
+    jobs = search(cfg, 7)
+    assert [s.mini_batches for s, _ in jobs] == [1000, 600, 100, 50, 200, 50, 1000]
+    assert [s.submit_time for s, _ in jobs] == [0.0, 3.0, 6.0, 9.0, 12.0, 15.0, 18.0]
+    assert cfg.feedback_steps < min(s.mini_batches for s, _ in jobs)  # every job gives one
+    jct = next(m for m in METRICS if m.key == "mean_jct_s")
+    assert reading(jct, {"mean_jct_s": 30.0}, {"mean_jct_s": 24.0}).startswith("wins 25%")
+    assert reading(jct, {"mean_jct_s": 20.0}, {"mean_jct_s": 30.0}).startswith("pays 1.5x")
+    util = next(m for m in METRICS if m.key == "utilization")
+    assert reading(util, {"utilization": 0.9}, {"utilization": 0.8}).startswith("pays")
