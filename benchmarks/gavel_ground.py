@@ -22,7 +22,7 @@ built for. Gavel's simulator has no cost to preempt or resume a job; ours charge
 a resume and the checkpoint clock, so our numbers carry a cost Gavel's do not.
 
 Usage: python benchmarks/gavel_ground.py [--rates single:4.0,4.8 multi:2.0] [--jobs 6000]
-       [--clusters gavel,v100] [--workers 2]
+       [--clusters v100,gavel] [--workers 2]
 Prints a table and one JSON line, and keeps the run in benchmarks/results/.
 """
 
@@ -58,8 +58,10 @@ TEMPLATES = (
 DISTRIBUTED = 19
 WINDOW = (4000, 5000)  # the jobs measured, as in every Gavel continuous-trace figure
 CLUSTERS = {"gavel": "36x1:V100+36x1:P100+36x1:K80", "v100": "27x4:V100"}
-# Gavel's rates where its gandiva and LAS part (its Figures 8 and 9), jobs per hour
-RATES = {"single": (2.0, 4.0, 4.8, 5.2, 5.6), "multi": (1.0, 2.0, 2.4, 2.6)}
+# jobs per hour: Gavel's rates where its gandiva and LAS part (its Figures 8 and 9), then on
+# to where 108 V100s saturate (Gavel's cluster, a third of it K80s, saturates sooner)
+RATES = {"single": (2.0, 4.0, 4.8, 5.6, 6.0, 6.5, 7.0),
+         "multi": (1.0, 2.0, 2.4, 2.6, 2.8, 3.0, 3.2)}
 POLICIES = ("las", "gandiva")
 PUBLISHED = json.loads((Path(__file__).parent / "gavel" / "published.json").read_text())
 
@@ -121,7 +123,7 @@ def main() -> None:
                     help="e.g. single:4.0,4.8 multi:2.0 (default: Gavel's rates where "
                          "policies part)")
     ap.add_argument("--jobs", type=int, default=6000, help="jobs generated per run")
-    ap.add_argument("--clusters", default="gavel,v100")
+    ap.add_argument("--clusters", default="v100,gavel")
     ap.add_argument("--workers", type=int, default=1)
     args = ap.parse_args()
     rates = ({k: tuple(map(float, v.split(","))) for k, v in
@@ -140,27 +142,35 @@ def main() -> None:
         cells = [cell(t) for t in tasks]
     wall = time.perf_counter() - t0
     ours = {(c["kind"], c["rate"], c["cluster"], c["policy"]): c for c in cells}
-    table = Table(title=f"mean JCT (h) of jobs {WINDOW[0]}-{WINDOW[1] - 1}, seed 0; "
-                        f"{args.jobs} jobs per run; Gavel's published runs on its cluster")
-    for col in ("jobs", "rate/h", "Gavel LAS", "Gavel's gandiva", "Gavel w/ SS",
-                *(f"our {p} ({c})" for c in clusters for p in POLICIES),
-                "our gandiva / Gavel's gandiva"):
-        table.add_column(col, justify="left" if col == "jobs" else "right")
+    table = Table(title=f"mean JCT (h) of jobs {WINDOW[0]}-{WINDOW[1] - 1}, seed 0, "
+                        f"{args.jobs} jobs per run: Gavel's published runs, and ours on "
+                        + ", ".join(f"{c} ({CLUSTERS[c]})" for c in clusters))
+    table.add_column("jobs")
+    table.add_column("rate/h", justify="right")
+    for col in ("Gavel: LAS", "gandiva", "Gavel w/ SS"):
+        table.add_column(col, justify="right")
+    for c in clusters:
+        for col in (f"{c}: our las", "our gandiva", "gandiva/las"):
+            table.add_column(col, justify="right")
+        if c == "gavel":
+            table.add_column("ours/Gavel's gandiva", justify="right")
     rows = []
     for kind, rs in rates.items():
         for rate in rs:
             theirs = {p: published(kind, rate, p) for p in
                       ("max_min_fairness", "gandiva", "max_min_fairness_packed")}
-            mine = {f"{p}@{c}": ours[kind, rate, c, p]["mean_jct_h"]
-                    for c in clusters for p in POLICIES}
-            ratio = (mine["gandiva@gavel"] / theirs["gandiva"]
-                     if "gandiva@gavel" in mine and theirs["gandiva"] else None)
-            table.add_row(kind, f"{rate:g}",
-                          *("-" if v is None else f"{v:.1f}" for v in theirs.values()),
-                          *(f"{v:.1f}" for v in mine.values()),
-                          "-" if ratio is None else f"{ratio:.2f}")
-            rows.append({"kind": kind, "rate": rate, "published": theirs, "ours": mine,
-                         "gandiva_over_gavels_gandiva": round(ratio, 3) if ratio else None})
+            cols = ["-" if v is None else f"{v:.1f}" for v in theirs.values()]
+            row = {"kind": kind, "rate": rate, "published": theirs}
+            for c in clusters:
+                las, ours_g = (ours[kind, rate, c, p]["mean_jct_h"] for p in POLICIES)
+                row[c] = {"las": las, "gandiva": ours_g, "gandiva_over_las": round(ours_g / las, 3)}
+                cols += [f"{las:.1f}", f"{ours_g:.1f}", f"{ours_g / las:.2f}"]
+                if c == "gavel":
+                    ratio = ours_g / theirs["gandiva"] if theirs["gandiva"] else None
+                    row[c]["over_gavels_gandiva"] = round(ratio, 3) if ratio else None
+                    cols.append("-" if ratio is None else f"{ratio:.2f}")
+            table.add_row(kind, f"{rate:g}", *cols)
+            rows.append(row)
     console = Console(width=200, record=True)
     console.print(table)
     unfinished = sum(c["unfinished"] for c in cells)

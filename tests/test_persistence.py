@@ -138,6 +138,32 @@ def test_the_loop_decides_while_the_database_is_away_and_its_changes_land_in_ord
     assert server.store.job(server.ada, blocker).state == "cancelled"
 
 
+def test_a_request_the_database_cannot_take_is_answered_503_and_a_retry_makes_one_job(
+        server, db_url):
+    """With the database away a submission is not acknowledged: 503 with Retry-After, and
+    nothing is stored; the client's retry, once the database is back, makes the job, and a
+    second retry of the same submission_id finds it. Each 503 is counted."""
+    token = server.store.add_user("bea")
+    server.service.user_dir(server.store.principal(token)).mkdir(parents=True)
+    client = TestClient(create_app(server.service))
+    auth = {"Authorization": f"Bearer {token}"}
+    body = {"name": "retried", "command": ["true"], "submission_id": "bea-1"}
+    assert client.get("/v1/whoami", headers=auth).status_code == 200  # token known
+    with database_away(db_url):
+        away = client.post("/v1/jobs", json=body, headers=auth)
+        assert away.status_code == 503, away.text
+        assert away.headers["Retry-After"] == "5"
+        assert "nothing of this request was stored" in away.json()["detail"]
+    assert client.get("/v1/jobs", headers=auth).json() == []
+    made = client.post("/v1/jobs", json=body, headers=auth)
+    again = client.post("/v1/jobs", json=body, headers=auth)
+    assert (made.status_code, again.status_code) == (201, 200)
+    assert made.json()["id"] == again.json()["id"]
+    assert [j["id"] for j in client.get("/v1/jobs", headers=auth).json()] == [made.json()["id"]]
+    assert "gandiva_requests_store_unavailable_total 1.0" in (
+        server.service.metrics.scrape().decode())
+
+
 def test_a_clean_shutdown_stores_what_is_queued_once_the_database_takes_it(server, db_url):
     """The loop stops while the database is away; closing, once it is back, stores every
     change queued."""

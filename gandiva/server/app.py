@@ -42,6 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gandiva.server import sweep_api
 from gandiva.server.jobspec import JobRequest, JsonInt
+from gandiva.server.persistence import transient
 from gandiva.server.service import Service
 from gandiva.server.store import EventRow, JobRow, Principal, StoreError
 from gandiva.server.views import JobView
@@ -52,6 +53,9 @@ __all__ = ["Service", "create_app"]
 DASHBOARD = Path(__file__).parent / "dashboard"
 FOLLOW_POLL_S = 0.25  # how often a followed log or event stream looks for more
 EVENT_ID_MAX = 2**31 - 1  # events.id is a 32-bit INTEGER (on PostgreSQL)
+# a database restart or failover takes seconds; a client told to come back sooner only adds
+# load while it is away
+STORE_RETRY_AFTER_S = 5
 # Limits a platform team can change (``gandiva server --max-body-bytes`` ...); each refusal
 # names its limit. A body is refused by its Content-Length before it is read, or as soon as
 # a chunked one passes the limit: the server never holds more than this of one request.
@@ -216,6 +220,20 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
         """FastAPI's 422, but an input of NaN or Infinity (Python's JSON reads them) is
         echoed as text: JSON cannot carry it, and the answer would be a 500."""
         return JSONResponse({"detail": finite(jsonable_encoder(exc.errors()))}, 422)
+
+    @app.exception_handler(SQLAlchemyError)
+    async def store_away(request: Request, exc: SQLAlchemyError) -> JSONResponse:
+        """The database is down, restarting or locked: 503 with Retry-After, so a client
+        retries (with its submission_id, a retry makes one job). Nothing of the request
+        was stored: a write commits before it is answered."""
+        if not transient(exc):
+            raise exc
+        service.metrics.store_unavailable.inc()
+        return JSONResponse(
+            {"detail": "the database did not answer; nothing of this request was stored: "
+                       f"retry in {STORE_RETRY_AFTER_S} s (GET /readyz says when the store "
+                       "is back)"},
+            503, headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -92,6 +92,10 @@ class Metrics(Observer):
             self.finished.labels(state)
         self.restarts = CounterMetric("gandiva_job_restarts", "Restarts of crashed jobs from "
                                       "their checkpoints", registry=self.registry)
+        self.store_unavailable = CounterMetric(
+            "gandiva_requests_store_unavailable", "Requests answered 503 because the "
+            "database did not take or give what they needed (nothing of them was stored)",
+            registry=self.registry)
         Info("gandiva_build", "The server's version", registry=self.registry).info({
             "version": _version(), "python": platform.python_version()})
         ProcessCollector(registry=self.registry)
