@@ -224,7 +224,8 @@ def main() -> None:
                        "jobs": jobs, "gandiva": args.gandiva, "workers": args.workers,
                        "wall_s": round(wall, 1), "summary": summary, "rows": rows})
     print(line)
-    variant = "" if args.gandiva == "gandiva" else "-" + args.gandiva.replace(":", "_")
+    variant = ("" if args.gandiva == "gandiva"  # (no dots: the stem takes a suffix)
+               else "-" + args.gandiva.replace(":", "_").replace(".", "_"))
     split = "" if args.split == "both" else "-" + args.split
     stem = kept_stem(f"policy-matrix{'-quick' if args.quick else ''}{split}{variant}")
     stem.with_suffix(".txt").write_text(console.export_text(), encoding="utf-8")

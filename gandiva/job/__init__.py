@@ -90,6 +90,7 @@ class Job:
         ckpt = env.get("GANDIVA_CHECKPOINT_DIR")
         self.checkpoint_dir = Path(ckpt) if ckpt else None
         self.checkpoint_every_s = float(env.get("GANDIVA_CHECKPOINT_EVERY_S", "300"))
+        self.checkpoints_refused = 0  # checkpoints the disk refused (``_refused``)
         self.objects: dict[str, Any] = {}
         self.step = 0
         self.restored_from: int | None = None
@@ -248,16 +249,35 @@ class Job:
         if directory is not None and self.writer is not None:
             if self._pg is not None:  # what each rank writes for the framework is written
                 self._pg.barrier(group=self._control)
-            scratch = checkpoint.scratch(directory, self.step)
-            self.writer(scratch)
-            if self.rank == 0:
-                path = checkpoint.commit(directory, self.step, scratch)
+            scratch = checkpoint.scratch_name(directory, self.step)
+            try:
+                self.writer(checkpoint.scratch(directory, self.step))
+                if self.rank == 0:
+                    path = checkpoint.commit(directory, self.step, scratch)
+            except (OSError, RuntimeError) as e:
+                if not checkpoint.refused(e):
+                    raise
+                checkpoint.discard(scratch)
+                self._refused(e)
         elif directory is not None and self.rank == 0:
-            path = checkpoint.save(directory, self.step, self.state())
+            try:
+                path = checkpoint.save(directory, self.step, self.state())
+            except checkpoint.CheckpointError as e:
+                self._refused(e)
         if self._pg is not None:
             self._pg.barrier(group=self._control)
         self._last_ckpt = time.monotonic()
         return path
+
+    def _refused(self, e: BaseException) -> None:
+        """A checkpoint the disk refused fails alone: the job goes on, its newest checkpoint
+        stays the one to restart from, and its log says so (the next try is a cadence
+        later, not at every boundary)."""
+        self.checkpoints_refused += 1
+        newest = checkpoint.steps(self.checkpoint_dir) if self.checkpoint_dir else []
+        kept = f"step {newest[0]}" if newest else "none"
+        print(f"gandiva: checkpoint of step {self.step} failed ({e}); training goes on, the "
+              f"newest checkpoint is {kept}", file=sys.stderr, flush=True)
 
     # ---- data parallelism that survives resizing ------------------------------------------
     def shards(self, count: int) -> range:

@@ -9,6 +9,10 @@ under a checkpoint's name. On reading, a file whose digest does not match (a tor
 bad disk) is renamed ``*.corrupt`` (kept for inspection, never deleted) and the previous
 checkpoint is used.
 
+A checkpoint the disk refuses (full, a directory gone and not to be made again, a file size
+limit) raises ``CheckpointError`` and leaves nothing behind: the checkpoints before it are
+untouched, and the job that asked goes on (``Job.save``).
+
 The payload is the script's business: the job library's ``Job.state()``, or a framework's
 own checkpoint written through ``commit`` (Lightning's ``.ckpt``, which ``torch.load`` opens;
 an uncompressed tar of the HF Trainer's checkpoint directory, which ``hf.unpack`` opens).
@@ -66,10 +70,34 @@ def sha256(data: Any) -> str:
     return h.hexdigest()
 
 
+class CheckpointError(OSError):
+    """A checkpoint that could not be written; nothing of it is left, the older ones stand."""
+
+
+def refused(e: BaseException) -> bool:
+    """Did the disk refuse a write: an OSError (ENOSPC, EFBIG, EIO...), or ``torch.save``'s
+    stream writer saying so as a RuntimeError (a short write: "inline_container")?"""
+    return isinstance(e, OSError) or (isinstance(e, RuntimeError)
+                                      and "inline_container" in str(e))
+
+
+def discard(written: Path) -> None:
+    """Remove what a failed checkpoint left: its file and its digest's temporary file."""
+    for f in (written, written.with_name(written.name + DIGEST)):
+        try:
+            f.unlink(missing_ok=True)
+        except OSError:
+            pass  # the directory itself is gone: nothing is left to remove
+
+
 def scratch(directory: Path, step: int) -> Path:
     """A temporary name for the checkpoint of ``step``, the same on every rank (a
     framework that checkpoints on all ranks writes on one of them), hidden from ``steps``."""
     directory.mkdir(parents=True, exist_ok=True)
+    return scratch_name(directory, step)
+
+
+def scratch_name(directory: Path, step: int) -> Path:
     return directory / f".ckpt-{step:012d}.pt.tmp"
 
 
@@ -77,20 +105,35 @@ def save(directory: Path, step: int, state: dict[str, Any]) -> Path:
     """Write ``state`` (``torch.save``) as the checkpoint of ``step``, atomically."""
     import torch
 
-    tmp = scratch(directory, step)
-    torch.save(state, tmp)
+    try:
+        tmp = scratch(directory, step)
+        torch.save(state, tmp)
+    except (OSError, RuntimeError) as e:
+        if not refused(e):
+            raise
+        discard(scratch_name(directory, step))
+        raise CheckpointError(f"checkpoint of step {step} not written to {directory}: "
+                              f"{e}") from e
     return commit(directory, step, tmp)
 
 
 def commit(directory: Path, step: int, written: Path) -> Path:
     """Make ``written`` (a whole file someone just wrote, e.g. a framework's own save) the
     checkpoint of ``step``: fsync it, put its digest beside it, rename it into place."""
-    fd = os.open(written, os.O_RDONLY)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return _place(directory, step, written, sha256(written), durable=True)
+        fd = os.open(written, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return _place(directory, step, written, sha256(written), durable=True)
+    except OSError as e:
+        final = path(directory, step)
+        if final.exists() and _digest_path(final).exists():
+            return final  # in place: only the directory's fsync or the pruning failed
+        discard(written)
+        raise CheckpointError(f"checkpoint of step {step} not written to {directory}: "
+                              f"{e}") from e
 
 
 def _place(directory: Path, step: int, tmp: Path, digest: str, durable: bool) -> Path:

@@ -1,0 +1,70 @@
+"""A disk that refuses a checkpoint fails the checkpoint, not the job: the job trains on, the
+checkpoints before it stand and verify, nothing half-written is left, and the log says so.
+
+The fault is the operating system's own: the job process lowers its file-size limit
+(RLIMIT_FSIZE) mid-run, so every later write of a checkpoint fails with EFBIG, as a full
+volume fails it with ENOSPC, through the same calls."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from gandiva.job import checkpoint
+
+SCRIPT = """
+import resource, signal, sys, torch
+import gandiva.job as gj
+
+job = gj.init()
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+job.register(model=model, optimizer=opt)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+for step in job.steps(30):
+    if step == FULL_AT:  # the disk is full from here on
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256, resource.RLIM_INFINITY))
+    loss = model(torch.ones(2, 8)).square().sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print("trained to", job.step, "refused", job.checkpoints_refused)
+"""
+
+
+def run(tmp_path: Path, full_at: int, directory: Path) -> subprocess.CompletedProcess:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.replace("FULL_AT", str(full_at)))
+    env = {**os.environ, "GANDIVA_CHECKPOINT_DIR": str(directory),
+           "GANDIVA_CHECKPOINT_EVERY_S": "0"}  # a checkpoint at every boundary
+    return subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_checkpoint_the_disk_refuses_fails_alone_and_the_last_good_one_stands(tmp_path):
+    ckpts = tmp_path / "ckpt"
+    proc = run(tmp_path, 10, ckpts)
+    assert proc.returncode == 0, proc.stderr
+    assert "trained to 30 refused" in proc.stdout
+    refused = int(proc.stdout.split("refused")[1])
+    assert refused >= 20  # every checkpoint after the disk filled, the final one included
+    assert "failed" in proc.stderr and "training goes on, the newest checkpoint is step" in (
+        proc.stderr)
+    newest = checkpoint.steps(ckpts)
+    assert newest and newest[0] <= 10  # written before the disk filled
+    found = checkpoint.latest(ckpts)
+    assert found is not None and found[0] == newest[0]  # it verifies against its digest
+    assert not [p.name for p in ckpts.iterdir() if p.name.endswith(".tmp")
+                or p.name.endswith(".corrupt")]
+
+
+def test_a_checkpoint_directory_removed_mid_run_is_made_again(tmp_path):
+    """The directory is recreated at the next checkpoint; a job whose directory cannot be
+    made (its parent is a file) trains on without one."""
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    proc = run(tmp_path, 10**6, blocked / "ckpt")  # the disk never fills
+    assert proc.returncode == 0, proc.stderr
+    assert "trained to 30" in proc.stdout and "not written" in proc.stderr
