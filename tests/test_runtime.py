@@ -454,6 +454,44 @@ def test_a_gang_whose_rank_hangs_after_the_others_ended_fails_within_the_grace(t
 
 
 @pytest.mark.parametrize("devices", [(0,), (0, 1)], ids=["alone", "gang"])
+def test_a_job_silent_past_the_hang_limit_is_killed_and_restarted_from_its_checkpoint(
+        tmp_path, devices):
+    """Rank 0 hangs at step 8 of its first run (in a gang, its partner waits for it in the
+    next collective): nothing is reported, and after ``hang_s`` the whole job is killed and
+    started again from its checkpoint, which ends it; its log says why. (A gang over several
+    nodes is restarted whole by the scheduler, from the "crashed" the agent reports.)"""
+    agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=0.0,
+                  hang_s=3.0)
+    marker, script = tmp_path / "hung-once", tmp_path / "hangs.py"
+    script.write_text("import os, sys, time, torch\n"
+                      "import gandiva.job as gj\n"
+                      "job = gj.init()\n"
+                      "job.register(model=torch.nn.Linear(2, 2))\n"
+                      "for step in job.steps(12):\n"
+                      "    if step == 8 and job.rank == 0 and not os.path.exists(sys.argv[1]):\n"
+                      "        open(sys.argv[1], 'w').close()\n"
+                      "        time.sleep(600)  # hung\n"
+                      "    if job.world_size > 1:  # a collective each step\n"
+                      "        torch.distributed.all_reduce(torch.ones(1))\n")
+    try:
+        agent.start("h", Launch(["{python}", str(script), str(marker)]), devices)
+        t0 = time.monotonic()
+        kinds = []
+        ev = agent.events.get(timeout=90)
+        while ev.job_id != "h" or ev.kind not in ("failed", "done", "crashed"):
+            kinds.append((ev.kind, ev.data if ev.kind == "restarted" else None))
+            ev = agent.events.get(timeout=90)
+        assert ev.kind == "done", ev.data
+        restarts = [d for k, d in kinds if k == "restarted"]
+        assert len(restarts) == 1 and "hung: no report from any rank for 3 s" in (
+            restarts[0]["reason"])
+        assert "restored from checkpoint at step" in agent.read_log("h").decode()
+        assert time.monotonic() - t0 < 60
+    finally:
+        agent.close()
+
+
+@pytest.mark.parametrize("devices", [(0,), (0, 1)], ids=["alone", "gang"])
 def test_a_suspend_during_an_evaluation_is_obeyed_there_and_a_checkpoint_waits_for_a_step(
         agent, tmp_path, devices):
     out, script = tmp_path / "phase.txt", tmp_path / "evaluates.py"

@@ -54,6 +54,11 @@ GRACE_S = 10.0  # SIGTERM before SIGKILL, for scripts that save on SIGTERM
 # data-parallel job end together, up to a final save; past it, one is hung (in a collective,
 # or at exit) and the job would hold its devices for ever
 EXIT_GRACE_S = 60.0
+# A running job of the library reports at its mini-batch boundaries (every second at most);
+# one that has said nothing for this long is hung (a rank stuck in a collective holds every
+# rank of its gang there) and is killed and restarted from its checkpoint, as after a crash.
+# Ten minutes: far above a mini-batch, below the hours a hung gang held its GPUs.
+HANG_S = 600.0
 # What processes suspended by the library may keep of one GPU together (NVML's count): half
 # of the GPU's headroom (node.devices.HEADROOM), which no job's profile counts on (8 GB of
 # an 80 GB H100, 0.8 GB of a 16 GB V100), or HELD_MAX_GB where the agent is not told its
@@ -110,6 +115,7 @@ class _Job:
     step: int = 0
     memory_gb: float | None = None  # the most device memory it was seen to hold
     lingering_since: float | None = None  # when some ranks had ended well and others not
+    heard: float = field(default_factory=time.monotonic)  # its last report, or its (re)start
     parked: bool = False  # suspended by checkpoint-and-exit: a resume starts it again
     acks: dict[str, threading.Event] = field(default_factory=dict)
     replies: dict[str, wire.Report] = field(default_factory=dict)  # "suspended:0" -> it
@@ -137,7 +143,7 @@ class Agent:
                  max_restarts: int = MAX_RESTARTS, checkpoint_every_s: float = 300.0,
                  python: str = sys.executable, warm: bool = True,
                  cpu_backed: bool = False, memory_gb: float | None = None,
-                 exit_grace_s: float = EXIT_GRACE_S) -> None:
+                 exit_grace_s: float = EXIT_GRACE_S, hang_s: float = HANG_S) -> None:
         """``devices``: CPU slots (``cpu:<i>``) or GPUs (``cuda:<i>``, or ``cuda:<id>`` by
         UUID or MIG id). ``cpu_backed``: GPUs whose jobs compute on the CPU, every other
         rule of GPUs kept (what each process sees, moves by restart): the agent's device
@@ -148,6 +154,7 @@ class Agent:
         self.cpu_backed = cpu_backed
         self.memory_gb = memory_gb
         self.exit_grace_s = exit_grace_s
+        self.hang_s = hang_s
         # what CUDA_VISIBLE_DEVICES calls each GPU, through the agent's own
         self.gpu_ids = (gpus.gpu_ids(devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
                         if devices and devices[0].startswith("cuda") else [])
@@ -240,6 +247,7 @@ class Agent:
             self._log(job, f"moved from devices {job.devices} to {devices} by restart")
             self.restart(job_id, devices)
             return
+        job.heard = time.monotonic()  # its silence while suspended was ours
         if job.signalled:
             self._signal(job, signal.SIGCONT)
             job.suspended = job.signalled = False
@@ -391,6 +399,7 @@ class Agent:
         return f"cuda:{r.visible.index(dev)}" if self.gpu else f"cpu:{dev}"
 
     def _spawn(self, job: _Job) -> None:
+        job.heard = time.monotonic()
         directory = self.job_dir(job.id)
         directory.mkdir(parents=True, exist_ok=True)
         _kill_leftovers(directory / "pids")
@@ -614,6 +623,7 @@ class Agent:
     def _on_message(self, job: _Job, r: _Rank, msg: wire.Report) -> None:
         first = job.first + r.rank == 0  # what a gang reports, its global rank 0 says
         with self._lock:
+            job.heard = time.monotonic()
             if isinstance(msg, wire.Hello):
                 job.aware = True
             elif isinstance(msg, wire.Profile) and first:
@@ -643,6 +653,9 @@ class Agent:
                         r.exit = r.proc.poll()
                 codes = [r.exit for r in job.ranks]
                 if all(c is None for c in codes):
+                    if (job.aware and not (job.suspended or job.stopping or job.done)
+                            and time.monotonic() - job.heard >= self.hang_s):
+                        self._crashed(job, codes, hung=True)
                     continue
                 if job.stopping:
                     if all(c is not None for c in codes):
@@ -690,15 +703,21 @@ class Agent:
                       f"rank {late[0]}:\n" + self.log_tail(job.id, late[0]),
             "run": job.run}))
 
-    def _crashed(self, job: _Job, codes: list[int | None]) -> None:
-        """A rank died unasked: stop the gang, restart it from its checkpoint or fail it."""
+    def _crashed(self, job: _Job, codes: list[int | None], hung: bool = False) -> None:
+        """A rank died unasked, or the job is ``hung`` (silent for ``hang_s``): stop the
+        gang, restart it from its checkpoint or fail it."""
         job.stopping = True
         self._signal(job, signal.SIGKILL)
         for r in job.ranks:
             r.exit = r.proc.wait()
         self._drop(job)
-        bad = next(c for c in [r.exit for r in job.ranks] if c != 0)
-        why = (f"killed by signal {-bad}" if bad < 0 else f"exited with status {bad}")
+        if hung:
+            why = (f"hung: no report from any rank for {self.hang_s:g} s (a rank stuck in a "
+                   "collective, or a loop without boundaries); killed")
+            self._log(job, why)
+        else:
+            bad = next(c for c in [r.exit for r in job.ranks] if c != 0)
+            why = (f"killed by signal {-bad}" if bad < 0 else f"exited with status {bad}")
         if job.gang is not None:  # the whole gang restarts, on every node: not ours to do
             self.jobs.pop(job.id, None)
             self.ended.add(job.id)
