@@ -491,6 +491,32 @@ def test_a_job_silent_past_the_hang_limit_is_killed_and_restarted_from_its_check
         agent.close()
 
 
+def test_an_evaluation_longer_than_the_hang_limit_is_not_taken_for_a_hang(tmp_path):
+    """An evaluation of 6 s between two boundaries, with a pause point at each batch, under
+    a 2 s hang limit: the job says it is alive there and is not restarted."""
+    agent = Agent(tmp_path / "agent", ["cpu:0"], checkpoint_every_s=1e9, hang_s=2.0)
+    script = tmp_path / "evaluates.py"
+    script.write_text("import time, torch\n"
+                      "import gandiva.job as gj\n"
+                      "job = gj.init()\n"
+                      "job.register(model=torch.nn.Linear(2, 2))\n"
+                      "for step in job.steps(6):\n"
+                      "    if step == 3:\n"
+                      "        for _ in range(120):\n"
+                      "            time.sleep(0.05)\n"
+                      "            job.pause_point()\n")
+    try:
+        agent.start("e", Launch(["{python}", str(script)]), (0,))
+        kinds = []
+        ev = agent.events.get(timeout=90)
+        while ev.job_id != "e" or ev.kind not in ("failed", "done", "crashed"):
+            kinds.append(ev.kind)
+            ev = agent.events.get(timeout=90)
+        assert ev.kind == "done" and "restarted" not in kinds
+    finally:
+        agent.close()
+
+
 @pytest.mark.parametrize("devices", [(0,), (0, 1)], ids=["alone", "gang"])
 def test_a_suspend_during_an_evaluation_is_obeyed_there_and_a_checkpoint_waits_for_a_step(
         agent, tmp_path, devices):

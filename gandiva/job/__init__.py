@@ -64,6 +64,10 @@ REPORT_INTERVAL_S = 1.0  # profile messages are batched: one a second at most...
 # sweep judging a trial at its first rung, in a quarter of a second rather than one. Two more
 # messages a turn.
 FIRST_WINDOW_S = 0.25
+# between boundaries (evaluation batches, a checkpoint written) the job says it is alive this
+# often, far inside the agent's hang limit (gandiva.node.agent.HANG_S; an agent sets a tenth
+# of its own in GANDIVA_ALIVE_EVERY_S)
+ALIVE_EVERY_S = 60.0
 # Every value ``report`` is given is kept by step and sent with the next profile message;
 # a window keeps at most this many points of a metric, evenly spaced by step, the last one
 # always (a job reporting its loss at every one of 1,000 mini-batches a second sends 64
@@ -90,7 +94,9 @@ class Job:
         ckpt = env.get("GANDIVA_CHECKPOINT_DIR")
         self.checkpoint_dir = Path(ckpt) if ckpt else None
         self.checkpoint_every_s = float(env.get("GANDIVA_CHECKPOINT_EVERY_S", "300"))
+        self.alive_every_s = float(env.get("GANDIVA_ALIVE_EVERY_S", ALIVE_EVERY_S))
         self.checkpoints_refused = 0  # checkpoints the disk refused (``_refused``)
+        self._alive_at = 0.0  # when the agent was last told the job is alive (``_alive``)
         self.objects: dict[str, Any] = {}
         self.step = 0
         self.restored_from: int | None = None
@@ -246,6 +252,7 @@ class Job:
         decides which rank writes). Rank 0 then commits it; the others wait for that."""
         path = None
         directory = self.checkpoint_dir
+        self._alive()  # a big checkpoint may take minutes to write
         if directory is not None and self.writer is not None:
             if self._pg is not None:  # what each rank writes for the framework is written
                 self._pg.barrier(group=self._control)
@@ -268,6 +275,14 @@ class Job:
             self._pg.barrier(group=self._control)
         self._last_ckpt = time.monotonic()
         return path
+
+    def _alive(self) -> None:
+        """Tell the agent, at most every ``alive_every_s``, that the job is not stuck though
+        it is not at a boundary (an evaluation, a checkpoint being written)."""
+        now = time.monotonic()
+        if self._sock is not None and now - self._alive_at >= self.alive_every_s:
+            self._alive_at = now
+            self._send(wire.Alive(self.step))
 
     def _refused(self, e: BaseException) -> None:
         """A checkpoint the disk refused fails alone: the job goes on, its newest checkpoint
@@ -388,6 +403,7 @@ class Job:
         Trainer's evaluations, whose distributed samplers give each rank as many batches);
         elsewhere a gang does nothing here, since an evaluation of a script's own may run
         on some ranks only."""
+        self._alive()
         if self._pg is not None or self.world_size > 1:
             if self._pg is None or not collective:
                 return

@@ -160,12 +160,21 @@ class Done:
     ev: ClassVar[str] = "done"
 
 
+@dataclass(frozen=True)
+class Alive:
+    """The job is between boundaries but not stuck (an evaluation batch, a checkpoint
+    written): the agent's hang watch (``agent.HANG_S``) starts again."""
+
+    step: int
+    ev: ClassVar[str] = "alive"
+
+
 Report = (Ready | Forked | Exited | Hello | Started | Profile | Suspended | Resumed | Checkpointed
-          | Done)
+          | Done | Alive)
 
 COMMANDS = {c.op: c for c in (Suspend, Resume, Checkpoint, Limit, Fork, Become)}
 REPORTS = {r.ev: r for r in (Ready, Forked, Exited, Hello, Started, Profile, Suspended,
-                              Resumed, Checkpointed, Done)}
+                              Resumed, Checkpointed, Done, Alive)}
 
 
 def encode(message: Command | Report) -> bytes:

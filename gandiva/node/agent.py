@@ -426,6 +426,7 @@ class Agent:
                    "GANDIVA_JOB_ID": job.id,
                    "GANDIVA_CHECKPOINT_DIR": str(self.checkpoint_dir(job.id)),
                    "GANDIVA_CHECKPOINT_EVERY_S": str(self.checkpoint_every_s),
+                   "GANDIVA_ALIVE_EVERY_S": str(self.hang_s / 10),
                    "GANDIVA_THREADS": str(self.threads),
                    "PYTHONUNBUFFERED": "1",
                    "OMP_NUM_THREADS": str(self.threads)}
