@@ -164,6 +164,32 @@ def test_a_request_the_database_cannot_take_is_answered_503_and_a_retry_makes_on
         server.service.metrics.scrape().decode())
 
 
+def test_a_checkpoint_the_disk_refuses_is_an_event_and_a_count_and_the_job_ends_done(
+        server, tmp_path):
+    """The job's disk refuses its final checkpoint (its file-size limit, lowered at start
+    under the checkpoint's size and over its log's):
+    the job ends done, the refusal is stored as an event of the job with its reason, and
+    Prometheus counts it."""
+    script = server.service.user_dir(server.ada) / "full.py"
+    script.write_text("import resource, signal, torch\n"
+                      "import gandiva.job as gj\n"
+                      "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+                      "resource.setrlimit(resource.RLIMIT_FSIZE, (8192, resource.RLIM_INFINITY))\n"
+                      "job = gj.init()\n"
+                      "job.register(model=torch.nn.Linear(64, 64))  # 16 KB: over the limit\n"
+                      "for step in job.steps(5):\n"
+                      "    pass\n")
+    job_id = server.submit("full", "{python}", "full.py")
+    writer = server.service.writer
+    assert writer.wait(lambda: server.decided(job_id), WAIT_S)
+    assert server.service.flush(WAIT_S)
+    assert server.store.job(server.ada, job_id).state == "done"
+    refused = [e for e in server.store.all_events(server.root, 0, 10_000)
+               if e.job_id == job_id and e.kind == "checkpoint-refused"]
+    assert len(refused) == 1 and "training goes on" in refused[0].data["reason"]
+    assert "gandiva_checkpoints_refused_total 1.0" in server.service.metrics.scrape().decode()
+
+
 def test_a_clean_shutdown_stores_what_is_queued_once_the_database_takes_it(server, db_url):
     """The loop stops while the database is away; closing, once it is back, stores every
     change queued."""

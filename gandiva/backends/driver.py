@@ -185,7 +185,7 @@ class Driver:
         self.t0 = self.clock.now()
         # called with a job's record and what happened to it ("running", "suspended",
         # "migrated", "resized", "restarted", "held", "done", "failed", "cancelled",
-        # "feedback"): where a server persists it
+        # "feedback", "checkpoint-refused"): where a server persists it
         self.on_change: Callable[[JobRecord, str], None] | None = None
         # called before actions go to the nodes, after the changes that describe them were
         # reported through on_change: where a server stores them (in one transaction)
@@ -514,6 +514,10 @@ class Driver:
             rec.restarts += 1
             rec.reason = ev.data.get("reason", "")
             self.set(rec, "restarted")
+        elif ev.kind == "checkpoint-refused":  # reported and stored; the job's state stays
+            before, rec.reason = rec.reason, ev.data.get("reason", "")
+            self.set(rec, "checkpoint-refused")
+            rec.reason = before
         elif ev.kind in ("done", "failed"):
             if rec.status == JobState.CANCELLED:
                 return  # it ended as it was being cancelled: cancelled it stays

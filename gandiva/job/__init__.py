@@ -291,8 +291,13 @@ class Job:
         self.checkpoints_refused += 1
         newest = checkpoint.steps(self.checkpoint_dir) if self.checkpoint_dir else []
         kept = f"step {newest[0]}" if newest else "none"
-        print(f"gandiva: checkpoint of step {self.step} failed ({e}); training goes on, the "
-              f"newest checkpoint is {kept}", file=sys.stderr, flush=True)
+        why = f"checkpoint of step {self.step} failed ({e}); training goes on, the newest "
+        why += f"checkpoint is {kept}"
+        self._send(wire.CheckpointRefused(self.step, why))
+        try:
+            print(f"gandiva: {why}", file=sys.stderr, flush=True)
+        except OSError:
+            pass  # the log is on the disk that refused: the agent has been told
 
     # ---- data parallelism that survives resizing ------------------------------------------
     def shards(self, count: int) -> range:

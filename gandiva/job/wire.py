@@ -161,6 +161,16 @@ class Done:
 
 
 @dataclass(frozen=True)
+class CheckpointRefused:
+    """A checkpoint the disk refused (``Job._refused``): the job trains on, from its newest
+    checkpoint should it restart."""
+
+    step: int
+    reason: str
+    ev: ClassVar[str] = "checkpoint-refused"
+
+
+@dataclass(frozen=True)
 class Alive:
     """The job is between boundaries but not stuck (an evaluation batch, a checkpoint
     written): the agent's hang watch (``agent.HANG_S``) starts again."""
@@ -170,11 +180,11 @@ class Alive:
 
 
 Report = (Ready | Forked | Exited | Hello | Started | Profile | Suspended | Resumed | Checkpointed
-          | Done | Alive)
+          | Done | CheckpointRefused | Alive)
 
 COMMANDS = {c.op: c for c in (Suspend, Resume, Checkpoint, Limit, Fork, Become)}
 REPORTS = {r.ev: r for r in (Ready, Forked, Exited, Hello, Started, Profile, Suspended,
-                              Resumed, Checkpointed, Done, Alive)}
+                              Resumed, Checkpointed, Done, CheckpointRefused, Alive)}
 
 
 def encode(message: Command | Report) -> bytes:

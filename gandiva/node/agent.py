@@ -633,6 +633,9 @@ class Agent:
                     job.memory_gb = msg.memory_gb
                     self._cap(job.devices)  # its GPU-mates' parts follow its new peak
                 self.events.put(AgentEvent("profile", job.id, msg))
+            elif isinstance(msg, wire.CheckpointRefused):
+                self.events.put(AgentEvent("checkpoint-refused", job.id,
+                                           {"step": msg.step, "reason": msg.reason}))
             elif isinstance(msg, wire.Done):
                 job.done = r.done = True
                 job.step = msg.step

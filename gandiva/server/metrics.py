@@ -92,6 +92,9 @@ class Metrics(Observer):
             self.finished.labels(state)
         self.restarts = CounterMetric("gandiva_job_restarts", "Restarts of crashed jobs from "
                                       "their checkpoints", registry=self.registry)
+        self.checkpoints_refused = CounterMetric(
+            "gandiva_checkpoints_refused", "Checkpoints a job's disk refused (full, gone); "
+            "the job trained on from its newest checkpoint", registry=self.registry)
         self.store_unavailable = CounterMetric(
             "gandiva_requests_store_unavailable", "Requests answered 503 because the "
             "database did not take or give what they needed (nothing of them was stored)",
@@ -154,6 +157,8 @@ class Metrics(Observer):
         """A job's transition, as the server stores it."""
         if what == "restarted":
             self.restarts.inc()
+        elif what == "checkpoint-refused":
+            self.checkpoints_refused.inc()
         if state in TERMINAL:
             self.finished.labels(state).inc()
 

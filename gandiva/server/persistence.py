@@ -52,6 +52,8 @@ def change_of(rec: JobRecord, what: str) -> JobChange:
         data["devices"] = list(rec.devices)
     if what in ("profile", "feedback", "done"):
         data.update(rec.profile, metrics=dict(rec.metrics))
+    if what == "checkpoint-refused":  # on the event only: the job's own state and reason stay
+        data["reason"] = rec.reason
     reason = rec.reason if what in ("failed", "restarted", "cancelled") else None
     return JobChange(rec.spec.id, what, data, state, reason)
 
