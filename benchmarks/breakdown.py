@@ -22,7 +22,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).parent))
 from policy_matrix import LOADS, cluster_for, first_jobs  # noqa: E402
 
-from gandiva.metrics import WIDTHS, summarize  # noqa: E402
+from gandiva.metrics import WIDTHS, finished, summarize, time_split  # noqa: E402
 from gandiva.run import percentile  # noqa: E402
 from gandiva.sim.run import simulate  # noqa: E402
 
@@ -34,7 +34,7 @@ RUN_TIMES = (("< 10 min", 0, HOUR / 6), ("10 min - 1 h", HOUR / 6, HOUR),
 
 def groups(result) -> dict[str, list]:
     """The finished jobs by width and by run time alone (a job is in one of each)."""
-    done = [j for j in result.jobs if j.finish is not None and j.start is not None]
+    done = finished(result)
     out = {}
     for label, low, high in WIDTHS:
         out[f"width {label}"] = [j for j in done if low <= j.spec.num_gpus <= high]
@@ -44,16 +44,13 @@ def groups(result) -> dict[str, list]:
 
 
 def split(jobs: list) -> dict[str, float]:
-    """A group's JCT, and where its jobs spent it: mean minutes per job."""
-    n = len(jobs)
-    jct = [j.finish - j.spec.submit_time for j in jobs]
-    return {"jobs": n, "mean_jct_min": sum(jct) / n / 60,
-            "p95_jct_min": percentile(jct, 95) / 60,
-            "queue_min": sum(j.start - j.spec.submit_time for j in jobs) / n / 60,
-            "sliced_out_min": sum(j.finish - j.start - j.held_s for j in jobs) / n / 60,
-            "running_min": sum(j.held_s - j.stall_s for j in jobs) / n / 60,
-            "stalled_min": sum(j.stall_s for j in jobs) / n / 60,
-            "alone_min": sum(j.solo_time for j in jobs) / n / 60}
+    """A group's JCT, its p95, and where its jobs spent it (``metrics.time_split``): mean
+    minutes per job."""
+    t = time_split(jobs)
+    p95 = percentile([j.finish - j.spec.submit_time for j in jobs], 95)
+    return {"jobs": t["jobs"], "mean_jct_min": t["mean_jct_s"] / 60, "p95_jct_min": p95 / 60,
+            **{k.removesuffix("_s") + "_min": t[k] / 60
+               for k in ("queue_s", "sliced_out_s", "running_s", "stalled_s", "alone_s")}}
 
 
 def main() -> None:

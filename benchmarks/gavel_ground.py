@@ -78,7 +78,7 @@ def gavel_jobs(rate_per_hour: float, jobs: int, multi_gpu: bool, seed: int = 0) 
         if not multi_gpu:
             width = 1
         while True:
-            k = TEMPLATES.index(job_rng.choice(TEMPLATES))
+            k = job_rng.choice(range(len(TEMPLATES)))  # Gavel's choice(JobTable), as an index
             if width == 1 or k < DISTRIBUTED:
                 break
         out.append(JobSpec(str(i), t, width, TEMPLATES[k], duration=60.0 * minutes))

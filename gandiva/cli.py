@@ -238,7 +238,7 @@ def demo(
 
     results = run_demo(cfg, out.resolve(), on_start=started)
     summaries = [s for _, s in results.values()]
-    table = Table(title=f"jobs of {min(cfg.lengths(6))}-{cfg.steps} mini-batches, one every "
+    table = Table(title=f"jobs of {cfg.shortest}-{cfg.steps} mini-batches, one every "
                         f"{cfg.arrival_gap:g} s; first feedback = {cfg.feedback_steps} "
                         f"mini-batches done")
     table.add_column("metric")

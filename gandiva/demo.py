@@ -59,6 +59,11 @@ class DemoConfig:
         return [max(1, round(self.steps * LENGTHS[i % len(LENGTHS)])) for i in range(n)]
 
     @property
+    def shortest(self) -> int:
+        """The shortest job's mini-batches."""
+        return min(self.lengths(len(LENGTHS)))
+
+    @property
     def feedback_steps(self) -> int:
         """"First feedback": a third of the shortest job's mini-batches done."""
         return max(1, round(self.steps * min(LENGTHS) / 3))

@@ -41,21 +41,29 @@ def by_width(result: SimResult) -> dict[str, dict[str, float]]:
     stalled = JCT. Only widths with finished jobs appear."""
     out = {}
     for label, low, high in WIDTHS:
-        done = [r for r in result.jobs if r.finish is not None and r.start is not None
-                and low <= r.spec.num_gpus <= high]
-        if not done:
-            continue
-        n = len(done)
-        out[label] = {
-            "jobs": n,
-            "mean_jct_s": sum(r.finish - r.spec.submit_time for r in done) / n,
-            "queue_s": sum(r.start - r.spec.submit_time for r in done) / n,
-            "sliced_out_s": sum(r.finish - r.start - r.held_s for r in done) / n,
-            "running_s": sum(r.held_s - r.stall_s for r in done) / n,
-            "stalled_s": sum(r.stall_s for r in done) / n,
-            "alone_s": sum(r.solo_time for r in done) / n,
-        }
+        done = [r for r in finished(result) if low <= r.spec.num_gpus <= high]
+        if done:
+            out[label] = time_split(done)
     return out
+
+
+def finished(result: SimResult) -> list:
+    """The jobs that started and finished (the ones ``time_split`` can split)."""
+    return [r for r in result.jobs if r.finish is not None and r.start is not None]
+
+
+def time_split(done: list) -> dict[str, float]:
+    """Where ``done`` (finished jobs) spent their time, mean seconds per job (``by_width``)."""
+    n = len(done)
+    return {
+        "jobs": n,
+        "mean_jct_s": sum(r.finish - r.spec.submit_time for r in done) / n,
+        "queue_s": sum(r.start - r.spec.submit_time for r in done) / n,
+        "sliced_out_s": sum(r.finish - r.start - r.held_s for r in done) / n,
+        "running_s": sum(r.held_s - r.stall_s for r in done) / n,
+        "stalled_s": sum(r.stall_s for r in done) / n,
+        "alone_s": sum(r.solo_time for r in done) / n,
+    }
 
 
 def summarize(result: SimResult) -> dict[str, Any]:

@@ -79,6 +79,7 @@ class JobRecord(JobRun):
     running_since: float | None = None
     profile: dict = field(default_factory=dict)  # its latest profile sample
     profiled_at: float = float("-inf")  # when a profile summary was last reported
+    refused: str = ""  # why its disk refused its last checkpoint, if it ever did
 
     def running_time(self, now: float) -> float:
         return self.ran + (now - self.running_since if self.running_since is not None else 0.0)
@@ -515,9 +516,8 @@ class Driver:
             rec.reason = ev.data.get("reason", "")
             self.set(rec, "restarted")
         elif ev.kind == "checkpoint-refused":  # reported and stored; the job's state stays
-            before, rec.reason = rec.reason, ev.data.get("reason", "")
+            rec.refused = ev.data.get("reason", "")
             self.set(rec, "checkpoint-refused")
-            rec.reason = before
         elif ev.kind in ("done", "failed"):
             if rec.status == JobState.CANCELLED:
                 return  # it ended as it was being cancelled: cancelled it stays

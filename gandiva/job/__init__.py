@@ -256,15 +256,11 @@ class Job:
         if directory is not None and self.writer is not None:
             if self._pg is not None:  # what each rank writes for the framework is written
                 self._pg.barrier(group=self._control)
-            scratch = checkpoint.scratch_name(directory, self.step)
             try:
-                self.writer(checkpoint.scratch(directory, self.step))
+                scratch = checkpoint.scratch(directory, self.step, self.writer)
                 if self.rank == 0:
                     path = checkpoint.commit(directory, self.step, scratch)
-            except (OSError, RuntimeError) as e:
-                if not checkpoint.refused(e):
-                    raise
-                checkpoint.discard(scratch)
+            except checkpoint.CheckpointError as e:
                 self._refused(e)
         elif directory is not None and self.rank == 0:
             try:

@@ -24,6 +24,7 @@ import hashlib
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,47 +75,44 @@ class CheckpointError(OSError):
     """A checkpoint that could not be written; nothing of it is left, the older ones stand."""
 
 
-def refused(e: BaseException) -> bool:
+def _refused(e: BaseException) -> bool:
     """Did the disk refuse a write: an OSError (ENOSPC, EFBIG, EIO...), or ``torch.save``'s
     stream writer saying so as a RuntimeError (a short write: "inline_container")?"""
     return isinstance(e, OSError) or (isinstance(e, RuntimeError)
                                       and "inline_container" in str(e))
 
 
-def discard(written: Path) -> None:
-    """Remove what a failed checkpoint left: its file and its digest's temporary file."""
-    for f in (written, written.with_name(written.name + DIGEST)):
+def _failed(directory: Path, step: int, tmp: Path, e: BaseException) -> CheckpointError:
+    """Remove what a failed checkpoint left (its file, its digest's temporary file) and say
+    why it failed."""
+    for f in (tmp, tmp.with_name(tmp.name + DIGEST)):
         try:
             f.unlink(missing_ok=True)
         except OSError:
             pass  # the directory itself is gone: nothing is left to remove
+    return CheckpointError(f"checkpoint of step {step} not written to {directory}: {e}")
 
 
-def scratch(directory: Path, step: int) -> Path:
-    """A temporary name for the checkpoint of ``step``, the same on every rank (a
-    framework that checkpoints on all ranks writes on one of them), hidden from ``steps``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    return scratch_name(directory, step)
-
-
-def scratch_name(directory: Path, step: int) -> Path:
-    return directory / f".ckpt-{step:012d}.pt.tmp"
+def scratch(directory: Path, step: int, write: Callable[[Path], Any]) -> Path:
+    """``write`` the checkpoint of ``step`` under a temporary name, the same on every rank (a
+    framework that checkpoints on all ranks writes on one of them), hidden from ``steps``;
+    that name. A write the disk refuses raises ``CheckpointError`` and leaves nothing."""
+    tmp = directory / f".ckpt-{step:012d}.pt.tmp"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        write(tmp)
+    except (OSError, RuntimeError) as e:
+        if not _refused(e):
+            raise
+        raise _failed(directory, step, tmp, e) from e
+    return tmp
 
 
 def save(directory: Path, step: int, state: dict[str, Any]) -> Path:
     """Write ``state`` (``torch.save``) as the checkpoint of ``step``, atomically."""
     import torch
 
-    try:
-        tmp = scratch(directory, step)
-        torch.save(state, tmp)
-    except (OSError, RuntimeError) as e:
-        if not refused(e):
-            raise
-        discard(scratch_name(directory, step))
-        raise CheckpointError(f"checkpoint of step {step} not written to {directory}: "
-                              f"{e}") from e
-    return commit(directory, step, tmp)
+    return commit(directory, step, scratch(directory, step, lambda tmp: torch.save(state, tmp)))
 
 
 def commit(directory: Path, step: int, written: Path) -> Path:
@@ -131,9 +129,7 @@ def commit(directory: Path, step: int, written: Path) -> Path:
         final = path(directory, step)
         if final.exists() and _digest_path(final).exists():
             return final  # in place: only the directory's fsync or the pruning failed
-        discard(written)
-        raise CheckpointError(f"checkpoint of step {step} not written to {directory}: "
-                              f"{e}") from e
+        raise _failed(directory, step, written, e) from e
 
 
 def _place(directory: Path, step: int, tmp: Path, digest: str, durable: bool) -> Path:

@@ -53,7 +53,7 @@ def change_of(rec: JobRecord, what: str) -> JobChange:
     if what in ("profile", "feedback", "done"):
         data.update(rec.profile, metrics=dict(rec.metrics))
     if what == "checkpoint-refused":  # on the event only: the job's own state and reason stay
-        data["reason"] = rec.reason
+        data["reason"] = rec.refused
     reason = rec.reason if what in ("failed", "restarted", "cancelled") else None
     return JobChange(rec.spec.id, what, data, state, reason)
 
