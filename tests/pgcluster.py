@@ -7,14 +7,17 @@ PostgreSQL refuses to run as root, so under root every server command runs as th
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import itertools
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 START_TIMEOUT_S = 30
@@ -111,6 +114,22 @@ class Cluster:
         recovers from the write-ahead log), then start it again on the same port."""
         self._run("pg_ctl", "stop", "-D", str(self.data), "-m", "immediate", "-w")
         self._start_server()
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The server and every process of it stopped (SIGSTOP), as a hung host or a paused
+        VM: connections stay open and TCP is acknowledged, but nothing answers."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True,
+                                  text=True).stdout.split()
+        pids = [postmaster, *map(int, children)]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
 
     def stop(self) -> None:
         """Stop the server and remove everything. Immediately: a clean shutdown would first

@@ -4,6 +4,7 @@ clean shutdown stores what is queued. On real databases: a SQLite file another p
 locked (slow), and a PostgreSQL database that refuses every connection (away)."""
 
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from gandiva.backends.driver import Driver
 from gandiva.policies import make_policy
+from gandiva.server import store as store_module
 from gandiva.server.app import create_app
 from gandiva.server.jobspec import JobRequest
 from gandiva.server.persistence import Batch, Writer
@@ -153,7 +155,7 @@ def test_a_request_the_database_cannot_take_is_answered_503_and_a_retry_makes_on
         away = client.post("/v1/jobs", json=body, headers=auth)
         assert away.status_code == 503, away.text
         assert away.headers["Retry-After"] == "5"
-        assert "nothing of this request was stored" in away.json()["detail"]
+        assert "this request is not done" in away.json()["detail"]
     assert client.get("/v1/jobs", headers=auth).json() == []
     made = client.post("/v1/jobs", json=body, headers=auth)
     again = client.post("/v1/jobs", json=body, headers=auth)
@@ -162,6 +164,59 @@ def test_a_request_the_database_cannot_take_is_answered_503_and_a_retry_makes_on
     assert [j["id"] for j in client.get("/v1/jobs", headers=auth).json()] == [made.json()["id"]]
     assert "gandiva_requests_store_unavailable_total 1.0" in (
         server.service.metrics.scrape().decode())
+
+
+def test_a_hung_database_holds_no_request_and_no_decision_and_nothing_is_lost(
+        postgres, tmp_path, monkeypatch):
+    """PostgreSQL frozen (every process SIGSTOPped: connections open, nothing answers): the
+    loop decides on, /readyz says the store does not answer within its probe time, a
+    submission is answered 503 once its stuck connection is cut (STUCK_S) rather than
+    waiting for the database; thawed, the retry makes the job and every change the loop
+    reported is stored in order."""
+    monkeypatch.setattr(store_module, "STUCK_S", 3.0)
+    srv = Server(tmp_path, postgres.create_database())
+    try:
+        token = srv.store.add_user("bea")
+        srv.service.user_dir(srv.store.principal(token)).mkdir(parents=True)
+        client = TestClient(create_app(srv.service))
+        auth = {"Authorization": f"Bearer {token}"}
+        body = {"name": "during", "command": ["true"], "submission_id": "bea-frozen"}
+        assert client.get("/v1/whoami", headers=auth).status_code == 200  # token known
+        blocker, (quick,) = srv.waiting(1)
+        with postgres.frozen():
+            ready = client.get("/readyz")
+            assert ready.status_code == 503 and "store: no answer" in ready.text, ready.text
+            srv.backend.cancel(blocker)
+            assert srv.service.writer.wait(lambda: srv.decided(blocker, quick), WAIT_S)
+            started = time.monotonic()
+            away = client.post("/v1/jobs", json=body, headers=auth)
+            assert away.status_code == 503, away.text
+            assert time.monotonic() - started < 3.0 + 10  # cut, not held until thawed
+        made = client.post("/v1/jobs", json=body, headers=auth)
+        assert made.status_code in (200, 201), made.text
+        assert srv.service.writer.wait(lambda: srv.decided(made.json()["id"]), WAIT_S)
+        assert srv.service.flush(WAIT_S)
+        assert srv.stored() == srv.reported
+        assert [j["state"] for j in client.get("/v1/jobs", headers=auth).json()] == ["done"]
+        assert client.get("/readyz").status_code == 200
+    finally:
+        srv.stop()
+        srv.service.close(timeout=10)
+
+
+def test_a_submission_stored_by_a_commit_whose_answer_was_lost_is_queued_by_its_retry(
+        server):
+    """A commit cut off as it committed can land when the database thaws, after the client
+    was answered 503: the job is stored, the scheduler never had it. The client's retry
+    with the same submission_id gives the job to the scheduler (once), and it runs."""
+    request = JobRequest(name="landed", command=["true"], submission_id="ada-cut")
+    row = server.store.add_job(server.ada, request)  # stored; the answer never came back
+    assert not server.backend.has(row.id)
+    again = server.service.submit(server.ada, request)
+    assert again.id == row.id and server.backend.has(row.id)
+    assert server.service.submit(server.ada, request).id == row.id  # queued once
+    assert server.service.writer.wait(lambda: server.decided(row.id), WAIT_S)
+    assert server.backend.records[row.id].status == "done"
 
 
 def test_a_checkpoint_the_disk_refuses_is_an_event_and_a_count_and_the_job_ends_done(

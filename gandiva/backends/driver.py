@@ -249,6 +249,10 @@ class Driver:
         self.agent.events.put(AgentEvent("wake", spec.id))  # the loop may be waiting
 
     # ---- what users ask of a job (safe from any thread; see ``requests``) ----------------
+    def has(self, job_id: str) -> bool:
+        """Was this job submitted (safe from any thread)?"""
+        return job_id in self.records
+
     def ask(self, *requests: Request) -> None:
         """Have the loop carry out ``requests`` together, at its next step (in the order
         ``requests.in_order`` gives)."""

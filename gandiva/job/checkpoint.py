@@ -93,11 +93,15 @@ def _failed(directory: Path, step: int, tmp: Path, e: BaseException) -> Checkpoi
     return CheckpointError(f"checkpoint of step {step} not written to {directory}: {e}")
 
 
+def _scratch_name(directory: Path, step: int) -> Path:
+    return directory / f".ckpt-{step:012d}.pt.tmp"
+
+
 def scratch(directory: Path, step: int, write: Callable[[Path], Any]) -> Path:
     """``write`` the checkpoint of ``step`` under a temporary name, the same on every rank (a
     framework that checkpoints on all ranks writes on one of them), hidden from ``steps``;
     that name. A write the disk refuses raises ``CheckpointError`` and leaves nothing."""
-    tmp = directory / f".ckpt-{step:012d}.pt.tmp"
+    tmp = _scratch_name(directory, step)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         write(tmp)
@@ -257,7 +261,8 @@ def install(directory: Path, step: int, data: Any, digest: str,
     hashing and 0.3 s of fsync, of a move's ~5 s (benchmarks/ray_migration.py)."""
     if not transit and sha256(data) != digest:
         raise ValueError(f"checkpoint of step {step} arrived torn (checksum mismatch)")
-    tmp = scratch(directory, step).with_suffix(f".{os.getpid()}.in")
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = _scratch_name(directory, step).with_suffix(f".{os.getpid()}.in")
     with open(tmp, "wb") as f:
         f.write(data)
         if not transit:

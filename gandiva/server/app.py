@@ -36,7 +36,6 @@ from fastapi.routing import APIRoute
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -44,7 +43,7 @@ from gandiva.server import sweep_api
 from gandiva.server.jobspec import JobRequest, JsonInt
 from gandiva.server.persistence import transient
 from gandiva.server.service import Service
-from gandiva.server.store import EventRow, JobRow, Principal, StoreError
+from gandiva.server.store import EventRow, JobRow, Principal, StoreBusy, StoreError
 from gandiva.server.views import JobView
 from gandiva.spec import TERMINAL
 
@@ -56,6 +55,7 @@ EVENT_ID_MAX = 2**31 - 1  # events.id is a 32-bit INTEGER (on PostgreSQL)
 # a database restart or failover takes seconds; a client told to come back sooner only adds
 # load while it is away
 STORE_RETRY_AFTER_S = 5
+PROBE_S = 2.0  # /readyz waits this long for the database's answer
 # Limits a platform team can change (``gandiva server --max-body-bytes`` ...); each refusal
 # names its limit. A body is refused by its Content-Length before it is read, or as soon as
 # a chunked one passes the limit: the server never holds more than this of one request.
@@ -222,17 +222,18 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
         return JSONResponse({"detail": finite(jsonable_encoder(exc.errors()))}, 422)
 
     @app.exception_handler(SQLAlchemyError)
-    async def store_away(request: Request, exc: SQLAlchemyError) -> JSONResponse:
-        """The database is down, restarting or locked: 503 with Retry-After, so a client
-        retries (with its submission_id, a retry makes one job). Nothing of the request
-        was stored: a write commits before it is answered."""
-        if not transient(exc):
+    @app.exception_handler(StoreBusy)
+    async def store_away(request: Request, exc: Exception) -> JSONResponse:
+        """The database is down, restarting, locked or hung: 503 with Retry-After, so a
+        client retries. A write is acknowledged only once committed; one cut off while it
+        committed may still land, and a retry with its submission_id finds that job."""
+        if isinstance(exc, SQLAlchemyError) and not transient(exc):
             raise exc
         service.metrics.store_unavailable.inc()
         return JSONResponse(
-            {"detail": "the database did not answer; nothing of this request was stored: "
-                       f"retry in {STORE_RETRY_AFTER_S} s (GET /readyz says when the store "
-                       "is back)"},
+            {"detail": "the database did not answer, so this request is not done: retry in "
+                       f"{STORE_RETRY_AFTER_S} s, a submission with the same submission_id "
+                       "(GET /readyz says when the store is back)"},
             503, headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
 
     @app.exception_handler(StarletteHTTPException)
@@ -455,19 +456,21 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
         except StoreError as e:
             raise HTTPException(404, str(e)) from None
 
+    # healthz and readyz are async: they answer while every worker thread waits on a database
     @app.get("/healthz", include_in_schema=False)
-    def healthz() -> dict[str, str]:
+    async def healthz() -> dict[str, str]:
         """The process answers (liveness)."""
         return {"status": "ok"}
 
     @app.get("/readyz", include_in_schema=False)
-    def readyz() -> JSONResponse:
-        """The store answers, the scheduler's loop is alive and what it reports is being
-        stored (readiness)."""
+    async def readyz() -> JSONResponse:
+        """The store answers (within ``PROBE_S``), the scheduler's loop is alive and what it
+        reports is being stored (readiness)."""
         problems = []
         try:
-            with store.engine.connect() as conn:
-                conn.execute(text("SELECT 1"))
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(store.probe())), PROBE_S)
+        except TimeoutError:
+            problems.append(f"store: no answer in {PROBE_S:g} s")
         except SQLAlchemyError as e:
             problems.append(f"store: {type(e).__name__}")
         if not service.backend.alive():

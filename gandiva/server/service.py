@@ -87,7 +87,7 @@ class Service:
         self.journal = Journal(self.writer)
         self.confinement = Confinement(base_dir)
         self.submissions = Submissions(store, self.confinement, lambda: len(backend.devices),
-                                       max_unfinished_per_user)
+                                       backend.has, max_unfinished_per_user)
         self.views = Views(backend)
         self.sweeps = Sweeps(LoopTrials(self.journal, backend))
         backend.on_change = self._changed
@@ -102,8 +102,13 @@ class Service:
         """Store and queue a job (a ``submission_id`` used before: the job it made)."""
         row, accepted = self.submissions.job(who, req)
         if accepted is not None:
-            self.metrics.submitted.inc()
-            self._queue(accepted)
+            if row.created:
+                self.metrics.submitted.inc()
+            try:
+                self._queue(accepted)
+            except ValueError:  # "submitted twice": a concurrent retry queued it first
+                if row.created:
+                    raise
         return row
 
     def submit_sweep(self, who: Principal, spec: SweepSpec) -> tuple[SweepRow, list[JobRow]]:

@@ -13,10 +13,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import secrets
+import socket
 import threading
 import time
 import uuid
+import weakref
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +54,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from gandiva.server.jobspec import JobRequest
 from gandiva.spec import TERMINAL, JobState
 
+CONNECT_TIMEOUT_S = 5  # a PostgreSQL that does not take a new connection in this long is away
+STUCK_S = 30.0  # a PostgreSQL command unanswered this long (and no other since): cut it
+WRITE_WAIT_S = 10.0  # a request waits this long behind another write, then 503
 CHUNK = 500  # jobs read in one query when storing a batch (bound parameters stay few)
 TOKEN_RECHECK_S = 10.0  # a cached token is looked up again after this long
 STEP_MAX = 2**31 - 1  # metric_points.step is a 32-bit INTEGER (on PostgreSQL)
@@ -169,6 +178,10 @@ class StoreError(ValueError):
     pass
 
 
+class StoreBusy(Exception):
+    """A request's write waited ``WRITE_WAIT_S`` behind one the database has not finished."""
+
+
 @dataclass(frozen=True)
 class UserView:
     name: str
@@ -235,9 +248,15 @@ class Store:
     def __init__(self, url: str) -> None:
         self.url = database_url(url)
         # pre-ping: a connection the database dropped (it restarted) is replaced, not used
-        self.engine: Engine = create_engine(self.url, pool_pre_ping=True)
+        self.engine: Engine = create_engine(self.url, pool_pre_ping=True,
+                                            connect_args=_connect_args(self.url))
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
+        else:
+            Unsticker(self.engine, STUCK_S)
+        self._prober = ThreadPoolExecutor(1, thread_name_prefix="gandiva-store-probe")
+        self._probe: Future[None] | None = None
+        self._probe_lock = threading.Lock()
         # one write transaction at a time in this process: writers queue here, not in the
         # database's lock (SQLite's busy handler sleeps, up to 100 ms a try)
         self._writer = threading.Lock()
@@ -247,6 +266,32 @@ class Store:
         # ``rotate``); a change made by another process is seen within TOKEN_RECHECK_S
         self._principals: dict[str, tuple[Principal, float]] = {}
         self.migrate()
+
+    @contextmanager
+    def _writing(self, wait_s: float | None = None) -> Iterator[None]:
+        """The process's one write transaction at a time. A request's write waits at most
+        ``wait_s`` for it, then ``StoreBusy``: a database that hangs holds whoever is
+        writing (until ``Unsticker`` cuts it), and requests must not queue behind it."""
+        if not self._writer.acquire(timeout=-1 if wait_s is None else wait_s):
+            raise StoreBusy(f"the database has not finished the write before this one in "
+                            f"{wait_s:g} s")
+        try:
+            yield
+        finally:
+            self._writer.release()
+
+    def probe(self) -> Future[None]:
+        """A ``SELECT 1`` on a thread of its own, or the one still under way: a caller waits
+        on it as long as it likes, and a database that hangs holds one probe, not one per
+        caller."""
+        with self._probe_lock:
+            if self._probe is None or self._probe.done():
+                self._probe = self._prober.submit(self._select_one)
+            return self._probe
+
+    def _select_one(self) -> None:
+        with self.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
 
     def _events_in_commit_order(self, s: Session | Connection) -> None:
         """PostgreSQL numbers events from a sequence as they are inserted, so two writers
@@ -341,11 +386,19 @@ class Store:
         job = mine.job
         with self._pending_lock:
             self._pending.append(mine)
-        with self._writer:
-            if not mine.done:  # else an earlier writer's batch took it along
-                with self._pending_lock:
-                    batch, self._pending = self._pending, []
-                self._commit(batch)
+        try:
+            with self._writing(WRITE_WAIT_S):
+                if not mine.done:  # else an earlier writer's batch took it along
+                    with self._pending_lock:
+                        batch, self._pending = self._pending, []
+                    self._commit(batch)
+        except StoreBusy:
+            with self._pending_lock:
+                if any(p is mine for p in self._pending):  # not taken along by the writer
+                    self._pending = [p for p in self._pending if p is not mine]
+                    raise
+            with self._writing():  # taken along: its fate is that transaction's
+                pass
         if mine.error is not None:
             if isinstance(mine.error, IntegrityError) and request.submission_id is not None:
                 earlier = self.by_submission(who, request.submission_id)  # a concurrent twin
@@ -402,12 +455,14 @@ class Store:
                priority: int | None = None) -> None:
         """Append an event of a job, and move it to ``state`` (or ``priority``) if given, in
         one transaction."""
-        refused = self.record_many([JobChange(job_id, kind, data or {}, state, reason, priority)])
+        refused = self.record_many([JobChange(job_id, kind, data or {}, state, reason, priority)],
+                                   wait_s=WRITE_WAIT_S)
         if refused:
             raise StoreError(refused[0])
 
     def record_many(self, changes: list[JobChange],
-                    decisions: list[TrialDecision] | tuple[()] = ()) -> list[str]:
+                    decisions: list[TrialDecision] | tuple[()] = (),
+                    wait_s: float | None = None) -> list[str]:
         """Store ``changes`` and sweeps' ``decisions`` in one transaction (one commit for a
         whole time-slicing round); returns why each change that could not apply was left
         out (no such job, or a state after the end), the rest stored.
@@ -424,7 +479,7 @@ class Store:
         cols = (JobRow.id, JobRow.state, JobRow.reason, JobRow.priority, JobRow.started_at,
                 JobRow.finished_at)
         ids = list(dict.fromkeys(c.job_id for c in changes))
-        with self._writer, self.engine.begin() as conn:
+        with self._writing(wait_s), self.engine.begin() as conn:
             self._events_in_commit_order(conn)
             for i in range(0, len(ids), CHUNK):
                 for row in conn.execute(select(*cols).where(JobRow.id.in_(ids[i:i + CHUNK]))):
@@ -589,7 +644,7 @@ class Store:
         sweep = {"id": sweep_id, "user_id": who.id, "name": name, "spec": spec,
                  "created_at": time.time()}
         news = [_new(who, request) for _, request in trials]
-        with self._writer, self.engine.begin() as conn:
+        with self._writing(WRITE_WAIT_S), self.engine.begin() as conn:
             self._events_in_commit_order(conn)
             conn.execute(insert(SweepRow), [sweep])
             conn.execute(insert(JobRow), [p.job for p in news])
@@ -650,6 +705,73 @@ def _new(who: Principal, request: JobRequest) -> _Pending:
     return _Pending(job, {"job_id": job_id, "at": now, "kind": "submitted",
                           "data": {"by": who.name}},
                     [{"job_id": job_id, "key": k, "value": v} for k, v in request.labels.items()])
+
+
+def _connect_args(url: str) -> dict[str, Any]:
+    """libpq's own timeouts: a connection attempt gives up after ``CONNECT_TIMEOUT_S``, and
+    TCP ends a connection whose peer vanished (a crashed host, a partition: keepalives
+    unanswered for ~25 s, or data unacknowledged for 30 s)."""
+    if not url.startswith("postgresql"):
+        return {}
+    return {"connect_timeout": CONNECT_TIMEOUT_S, "keepalives": 1, "keepalives_idle": 10,
+            "keepalives_interval": 5, "keepalives_count": 3, "tcp_user_timeout": 30_000}
+
+
+class Unsticker:
+    """Cuts a PostgreSQL connection whose command has waited ``stuck_s`` for an answer, with
+    no other command run on it meanwhile.
+
+    A database that hangs rather than refuses (its processes stopped, its VM paused) still
+    has a kernel that acknowledges TCP, so neither keepalives nor libpq's timeouts end the
+    wait: whoever waits on it (a request's thread, the store's writer, the pool's pre-ping)
+    waits until it thaws. Cut, the socket reads as a lost connection: the pool drops it,
+    the writer tries again, a request is answered 503. A commit that was cut may still
+    land when the database thaws; a retry with the submission's id finds it (decision
+    0028)."""
+
+    def __init__(self, engine: Engine, stuck_s: float) -> None:
+        self.stuck_s = stuck_s
+        self._conns: weakref.WeakKeyDictionary[Any, list] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        event.listen(engine, "connect", self._connected)
+        event.listen(engine, "before_cursor_execute", self._executing)
+        threading.Thread(target=self._watch, args=(weakref.ref(engine),), daemon=True,
+                         name="gandiva-store-unsticker").start()
+
+    def _connected(self, dbapi_conn: Any, _record: Any) -> None:
+        with self._lock:
+            self._conns[dbapi_conn] = [0, None, 0]  # commands run, since when seen busy, at
+
+    def _executing(self, conn: Connection, *_: Any) -> None:
+        seen = self._conns.get(conn.connection.dbapi_connection)
+        if seen is not None:
+            seen[0] += 1
+
+    def _watch(self, engine: weakref.ref) -> None:
+        from psycopg.pq import TransactionStatus
+
+        while engine() is not None:  # ends with its store
+            time.sleep(self.stuck_s / 10)
+            now = time.monotonic()
+            with self._lock:
+                conns = list(self._conns.items())
+            for conn, seen in conns:
+                if conn.closed or conn.info.transaction_status != TransactionStatus.ACTIVE:
+                    seen[1] = None
+                elif seen[1] is None or seen[2] != seen[0]:
+                    seen[1], seen[2] = now, seen[0]
+                elif now - seen[1] > self.stuck_s:
+                    _cut(conn.fileno())
+                    seen[1] = None
+
+
+def _cut(fd: int) -> None:
+    """End a connection's socket under whoever waits on it (they read end-of-file)."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as s:
+            s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # closed meanwhile
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

@@ -20,7 +20,7 @@ from gandiva.node.agent import Launch
 from gandiva.server.confinement import Confinement, unprocessable
 from gandiva.server.jobspec import JobRequest
 from gandiva.server.store import JobRow, Principal, Store, SweepRow
-from gandiva.spec import JobSpec, JobState
+from gandiva.spec import TERMINAL, JobSpec, JobState
 from gandiva.sweep.spec import SweepSpec
 
 MAX_UNFINISHED_PER_USER = 10_000  # a user's jobs not yet done, failed or cancelled
@@ -95,18 +95,28 @@ class Submissions:
     """Checks a job or a sweep, stores it, and says what the scheduler should be given."""
 
     def __init__(self, store: Store, confinement: Confinement, devices: Callable[[], int],
+                 queued: Callable[[str], bool],
                  max_unfinished_per_user: int = MAX_UNFINISHED_PER_USER) -> None:
         self.store = store
         self.confinement = confinement
         self.devices = devices
+        self.queued = queued
         self.quotas = Quotas(max_unfinished_per_user)
 
     def job(self, who: Principal, req: JobRequest) -> tuple[JobRow, Accepted | None]:
-        """The stored job, and what to queue (None: a retry of a job already queued)."""
+        """The stored job, and what to queue (None: a retry of a job already queued).
+
+        A retry can find a job the scheduler never had: its commit was cut off (the
+        database hung and the connection was cut) and landed when the database thawed,
+        after the client was answered 503. That job is queued now."""
         if req.submission_id is not None:
             earlier = self.store.by_submission(who, req.submission_id)
             if earlier is not None:
-                return same(earlier, req), None
+                same(earlier, req)
+                if earlier.state in TERMINAL or self.queued(earlier.id):
+                    return earlier, None
+                self.quotas.count(earlier.id, who.id)
+                return earlier, Accepted(earlier, req, self.confinement.workdir(who, req), who)
         cwd = self.confinement.workdir(who, req)
         if req.gpus > self.devices():
             raise unprocessable("gpus", f"{req.gpus} GPUs asked; this cluster has "
