@@ -325,6 +325,10 @@ def server(
     checkpoint_every: Annotated[float, typer.Option(help="Seconds between a job's periodic "
                                                     "checkpoints (bounds what a crash loses)",
                                                     **_env("CHECKPOINT_EVERY"))] = 300.0,
+    hang_after: Annotated[float, typer.Option(help="Seconds a running job may report nothing "
+                                              "(a rank stuck in a collective) before it is "
+                                              "restarted from its checkpoint (local backend)",
+                                              **_env("HANG_AFTER"))] = 600.0,
     backend: Annotated[str, typer.Option(help="local: this machine's devices; ray: every "
                                          "Ray node with GPUs; hollow: simulated servers "
                                          "with no processes (scale tests)",
@@ -394,8 +398,8 @@ def server(
                              checkpoint_every_s=checkpoint_every)
         except (RuntimeError, ConnectionError) as e:
             raise fail(f"ray: {e}") from None
-    loop_backend = Driver(pol, home / "run", slots=slots,
-                                checkpoint_every_s=checkpoint_every, nodes=nodes)
+    loop_backend = Driver(pol, home / "run", slots=slots, hang_s=hang_after,
+                          checkpoint_every_s=checkpoint_every, nodes=nodes)
     service = Service(store, loop_backend, home,
                       max_unfinished_per_user=max_unfinished_per_user)
     again = service.resume_unfinished()

@@ -231,6 +231,53 @@ def test_a_lost_node_s_jobs_finish_elsewhere_from_their_checkpoints(nodes, clust
     assert_identical(checkpoint.latest(node_checkpoints(nodes, now, "victim"))[1], ref)
 
 
+def test_a_silent_agent_s_node_is_lost_its_job_ended_there_and_finished_elsewhere(
+        cluster, tmp_path):
+    """A node agent stopped (SIGSTOP: its process and connections stay, it answers nothing)
+    is given ``silent_s``, then ended: its job's process there ends with it (no second copy
+    trains on), and the job finishes on another node from its checkpoint, bit-identical."""
+    nodes = RayNodes(tmp_path / "head", checkpoint_every_s=0.5, silent_s=5.0)
+    try:
+        args = ("--steps", "2500", "--seed", "7")
+        ref = reference(tmp_path, "cnn.py", *args)
+        backend = Driver(make_policy("fifo"), nodes.workdir, nodes=nodes, feedback_steps=20)
+        backend.submit(JobSpec("victim", 0.0, 1, "unknown"), cnn(*args))
+        out = {}
+        loop = threading.Thread(target=lambda: out.update(result=backend.run(timeout=400)))
+        loop.start()
+        wait(lambda: "victim" in nodes.jobs
+             and checkpoint.steps(nodes.workdir / "replicas" / "victim"), what="a replica")
+        (silent,) = nodes.jobs["victim"]
+        pids = node_checkpoints(nodes, silent, "victim").parent / "pids"
+        job_pid = int(pids.read_text().split()[0])
+        agent_pid = nodes.infos[silent]["pid"]
+        os.kill(agent_pid, signal.SIGSTOP)
+        try:
+            wait(lambda: not nodes.alive[silent], timeout=60, what="the silent node lost")
+            wait(lambda: not _running(job_pid), timeout=30, what="the job's old process gone")
+        finally:
+            try:
+                os.kill(agent_pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass  # ended, as it should be
+        loop.join(timeout=450)
+        (rec,) = out["result"].jobs
+        assert rec.status == "done" and rec.restarts == 1
+        now = nodes.where[rec.devices[0]][0]
+        assert now != silent
+        assert_identical(checkpoint.latest(node_checkpoints(nodes, now, "victim"))[1], ref)
+    finally:
+        nodes.close()
+
+
+def _running(pid: int) -> bool:
+    """Is ``pid`` a live process (not a zombie waiting to be reaped)?"""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
 def test_the_logs_of_a_job_and_of_a_gang_s_rank_outlive_the_node_they_ran_on(nodes, cluster):
     """A job, and rank 1 of a gang over two nodes, finish on a node that then dies: both
     logs read through the backend (as the API reads them) whole, from the head's copy."""

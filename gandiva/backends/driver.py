@@ -33,7 +33,7 @@ from gandiva.backends.explain import Seen
 from gandiva.backends.nodes import AgentEvent, Launch, Nodes
 from gandiva.backends.requests import Request, Requests
 from gandiva.job import wire
-from gandiva.node.agent import ACK_TIMEOUT_S, Agent
+from gandiva.node.agent import ACK_TIMEOUT_S, HANG_S, Agent
 from gandiva.node.devices import HEADROOM
 from gandiva.run import COUNTED, JobRun, RunResult, no_counts
 from gandiva.scheduler import Scheduler
@@ -150,7 +150,7 @@ class Driver:
     def __init__(self, policy, workdir: Path, slots: int | None = None, threads: int = 1,
                  checkpoint_every_s: float = 300.0, feedback_steps: int = 100,
                  max_restarts: int | None = None, nodes: Nodes | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, hang_s: float = HANG_S) -> None:
         """``nodes``: what runs the jobs (``gandiva.backends.nodes``: the ray backend's
         ``RayNodes``, ``HollowNodes``); by default one ``Agent`` on this machine's devices.
         ``clock``: the wall clock by default; hollow nodes in tests share a virtual one."""
@@ -159,7 +159,7 @@ class Driver:
             devices, kind, memory = detect_devices(slots, threads)
             self.cluster = one_node(devices, kind, memory)
             extra = {} if max_restarts is None else {"max_restarts": max_restarts}
-            nodes = Agent(workdir, devices, threads=threads,
+            nodes = Agent(workdir, devices, threads=threads, hang_s=hang_s,
                           checkpoint_every_s=checkpoint_every_s, memory_gb=memory, **extra)
         else:
             self.cluster = nodes.cluster()
@@ -207,6 +207,7 @@ class Driver:
         self._stopping = False
         self._drain_s = 0.0
         self._beat: float | None = None  # when the loop last went round (None: not running)
+        self.longest_pause = 0.0  # the longest time between two turns of the loop
         self.requests = Requests()  # what users ask of their jobs, until the loop takes it
         self._limited: dict[str, None] = {}  # jobs with a time limit, not yet ended
         # jobs withdrawn before their node started them: an action sent before must not
@@ -410,7 +411,10 @@ class Driver:
         self.t0 = self.clock.now()
         try:
             while not self._stopping and (not until_idle or self._unfinished()):
-                self._beat = self.clock.now()
+                beat = self.clock.now()
+                if self._beat is not None:
+                    self.longest_pause = max(self.longest_pause, beat - self._beat)
+                self._beat = beat
                 if timeout is not None and self.now() > timeout:
                     raise TimeoutError(f"jobs still running after {timeout:.0f} s")
                 self._step()

@@ -63,6 +63,7 @@ from gandiva.node.agent import Agent, Gang  # noqa: E402
 from gandiva.state import GPU, Cluster, Node  # noqa: E402
 
 POLL_S = 1.0  # a node agent's long poll for events
+SILENT_S = 60.0  # a node agent that answers no poll for this long is ended and its node lost
 JOIN_POLL_S = 2.0  # how often the head looks for nodes that joined Ray
 AGENT_START_S = 120.0  # a node agent that is not up by then is given up (and reported)
 LOG_CHUNK_BYTES = 1 << 20  # of a rank's output, a poll carries at most this: bounded memory
@@ -192,13 +193,15 @@ class RayNodes:
     on; its ranks go node by node, in the order the devices were given."""
 
     def __init__(self, workdir: Path, address: str | None = None, threads: int = 1,
-                 checkpoint_every_s: float = 300.0, max_restarts: int = 3) -> None:
+                 checkpoint_every_s: float = 300.0, max_restarts: int = 3,
+                 silent_s: float = SILENT_S) -> None:
         if not ray.is_initialized():
             ray.init(address=address, logging_level="warning", log_to_driver=False)
         self.workdir = Path(workdir).resolve()
         self.replicas = self.workdir / "replicas"
         self.logs = self.workdir / "logs"
         self.max_restarts = max_restarts
+        self.silent_s = silent_s
         self._agent_args = (threads, checkpoint_every_s, max_restarts)
         self.actors: list = []
         self.infos: list[dict[str, Any]] = []
@@ -577,7 +580,19 @@ class RayNodes:
         actor = self.actors[node]
         while not self._closed:
             try:
-                batch = ray.get(actor.next_events.remote(POLL_S))
+                batch = ray.get(actor.next_events.remote(POLL_S), timeout=POLL_S + self.silent_s)
+            except ray.exceptions.GetTimeoutError:
+                if self._closed:
+                    return
+                # alive but silent (stopped, hung, its machine thrashing): Ray would never
+                # call it lost. Killed, its jobs' channels close and they end, so no second
+                # copy of a job trains on beside the one the scheduler starts elsewhere.
+                print(f"gandiva: node {node}'s agent answered nothing for {self.silent_s:g} "
+                      "s; it is ended and its jobs go back to placement", file=sys.stderr,
+                      flush=True)
+                ray.kill(actor)
+                self._lost(node)
+                return
             except ray.exceptions.RayError:
                 if not self._closed:
                     self._lost(node)

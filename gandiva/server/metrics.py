@@ -148,6 +148,9 @@ class Metrics(Observer):
         sliced = sum(len(n["time_sliced"]) for n in view["nodes"])
         yield GaugeMetricFamily("gandiva_jobs_time_sliced", "Jobs suspended for their turn on "
                                 "an over-subscribed server", value=sliced)
+        yield GaugeMetricFamily("gandiva_loop_longest_pause_seconds", "The longest time "
+                                "the scheduler's loop took between two turns, since start",
+                                value=b.longest_pause)
         util = b.samples[-1][2] if b.samples else 0.0
         yield GaugeMetricFamily("gandiva_device_utilisation_ratio", "Mean device utilisation "
                                 "the running jobs report (0..1), at the latest sample",
