@@ -59,6 +59,7 @@ EXIT_GRACE_S = 60.0
 # rank of its gang there) and is killed and restarted from its checkpoint, as after a crash.
 # Ten minutes: far above a mini-batch, below the hours a hung gang held its GPUs.
 HANG_S = 600.0
+AWAY_S = 1.0  # the reader looks every 0.05 s: a longer gap means this process was stopped
 # What processes suspended by the library may keep of one GPU together (NVML's count): half
 # of the GPU's headroom (node.devices.HEADROOM), which no job's profile counts on (8 GB of
 # an 80 GB H100, 0.8 GB of a 16 GB V100), or HELD_MAX_GB where the agent is not told its
@@ -177,6 +178,7 @@ class Agent:
         self._wakeup_r, self._wakeup_w = socket.socketpair()
         self._sel.register(self._wakeup_r, selectors.EVENT_READ, None)
         self._closed = False
+        self._reaped_at = time.monotonic()  # the reader's last look at its jobs' exits
         self._thread = threading.Thread(target=self._loop, name="gandiva-agent", daemon=True)
         self._thread.start()
         self._warm_up()
@@ -649,6 +651,12 @@ class Agent:
 
     def _reap(self) -> None:
         with self._lock:
+            now = time.monotonic()
+            away = now - self._reaped_at
+            self._reaped_at = now
+            if away > AWAY_S:  # this process was stopped (SIGSTOP, a paused VM): what the
+                for job in self.jobs.values():  # jobs said meanwhile waits unread, so the
+                    job.heard += away  # time we were away is not their silence
             for job in list(self.jobs.values()):
                 if not job.ranks or all(r.exit is not None for r in job.ranks):
                     continue

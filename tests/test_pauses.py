@@ -1,0 +1,56 @@
+"""A server process paused (SIGSTOP, as a debugger, a frozen VM or a swap storm does) and
+continued: it catches up on what its jobs said meanwhile and acts once, not twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx2
+from serving import running
+from waiting import until
+
+STEADY = """\
+import time
+import gandiva.job as gj
+
+job = gj.init()
+for step in job.steps(400):
+    time.sleep(0.02)
+"""
+
+
+def test_a_paused_server_is_not_taken_for_a_hung_job_and_acts_once(tmp_path):
+    """The server (and its agent) stopped for longer than its hang limit while a job trains:
+    continued, it reads the job's reports and does not restart it; a submission sent during
+    the pause is answered once the server runs again, and its job runs once."""
+    with running(tmp_path, args=("--hang-after", "2", "--checkpoint-every", "1")) as srv:
+        http = httpx2.Client(base_url=srv.url, timeout=60,
+                             headers={"Authorization": f"Bearer {srv.tokens['alice']}"})
+        srv.user_dir("alice").mkdir(parents=True, exist_ok=True)
+        (srv.user_dir("alice") / "steady.py").write_text(STEADY)
+        job = http.post("/v1/jobs", json={"name": "steady", "command": ["python",
+                                                                        "steady.py"]}).json()
+        until(lambda: http.get(f"/v1/jobs/{job['id']}").json()["steps"] > 20, 60,
+              "the job training")
+        answered = {}
+        os.kill(srv.proc.pid, signal.SIGSTOP)
+        try:
+            during = threading.Thread(target=lambda: answered.update(r=http.post(
+                "/v1/jobs", json={"name": "during", "command": ["true"],
+                                  "submission_id": "during-pause"})))
+            during.start()
+            time.sleep(4)  # twice the hang limit
+        finally:
+            os.kill(srv.proc.pid, signal.SIGCONT)
+        during.join(timeout=30)
+        assert answered["r"].status_code == 201, answered["r"].text
+        until(lambda: all(j["state"] == "done" for j in http.get("/v1/jobs").json()), 120,
+              "both jobs done")
+        kinds = [e["kind"] for e in http.get(f"/v1/jobs/{job['id']}/events").json()]
+        assert "restarted" not in kinds and kinds.count("done") == 1, kinds
+        other = answered["r"].json()["id"]
+        kinds = [e["kind"] for e in http.get(f"/v1/jobs/{other}/events").json()]
+        assert kinds.count("running") == 1 and kinds.count("done") == 1, kinds
