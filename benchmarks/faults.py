@@ -186,7 +186,10 @@ def paused(pid: int) -> Iterator[str]:
     try:
         yield "SIGSTOP"
     finally:
-        os.kill(pid, signal.SIGCONT)
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass  # ended meanwhile (a silent agent is killed)
 
 
 @contextmanager
@@ -208,6 +211,7 @@ class Fault:
     hollow: bool = False
     hang: bool = False
     tmpfs: bool = False
+    ray: bool = False
 
 
 FAULTS = [
@@ -218,7 +222,35 @@ FAULTS = [
     Fault("disk-full-20s", 20, tmpfs=True),
     Fault("checkpoints-removed", 0),
     Fault("db-away-10s-1000-nodes", 10, hollow=True),
+    Fault("agent-silent", 0, dbs=("sqlite",), ray=True),
 ]
+
+
+@contextmanager
+def ray_cluster() -> Iterator[str]:
+    """A head and two worker nodes of one GPU each (CPU slots), on this machine."""
+    os.environ.update({"RAY_USAGE_STATS_ENABLED": "0"})
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
+    for _ in range(2):
+        cluster.add_node(num_cpus=2, num_gpus=1)
+    try:
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+
+
+def agent_of(home: Path, job_id: str) -> int:
+    """The process of the Ray node agent that runs ``job_id``: its rank's nearest ancestor
+    that is a Ray worker (``ray::...``)."""
+    (pids,) = home.glob(f"run/node-*/jobs/{job_id}/pids")
+    pid = int(pids.read_text().split()[0])
+    while pid > 1:
+        if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::"):
+            return pid
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    raise LookupError(f"no Ray worker above job {job_id}'s rank")
 
 
 def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
@@ -240,6 +272,8 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
         args = ["--checkpoint-every", "2", "--hang-after", "10"]
         if fault.hollow:
             args += ["--backend", "hollow", "--hollow-cluster", "1000x8"]
+        if fault.ray:
+            args += ["--backend", "ray", "--ray-address", stack.enter_context(ray_cluster())]
         srv = stack.enter_context(running(home, users=("ops",), db=url, args=tuple(args),
                                           policy="gandiva"))
         token = srv.tokens["ops"]
@@ -281,6 +315,11 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
         elif fault.name.startswith("disk-full"):
             with volume_full(volume) as how:
                 time.sleep(fault.length_s)
+        elif fault.name == "agent-silent":
+            how = "the Ray node agent of a long job SIGSTOPped until its node is lost"
+            with paused(agent_of(srv.home, longs[0])):
+                wait_for(lambda: any(e["kind"] == "restarted"
+                                     for e in events(http, longs[0])), 180)
         elif fault.name == "checkpoints-removed":
             how = "rm -rf the job's checkpoint directory"
             subprocess.run(["rm", "-rf", str(checkpoints(srv.home, longs[0], path=True))])
@@ -319,10 +358,12 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
 
 
 def checkpoints(home: Path, job_id: str, path: bool = False):
-    directory = home / "run" / "jobs" / job_id / "checkpoints"
+    """Has ``job_id`` a checkpoint (or, ``path``: its local checkpoint directory)? The local
+    backend keeps them in run/jobs/, Ray's node agents in run/node-*/jobs/."""
     if path:
-        return directory
-    return directory.is_dir() and any(directory.glob("ckpt-*.pt"))
+        return home / "run" / "jobs" / job_id / "checkpoints"
+    return any(home.glob(f"run/jobs/{job_id}/checkpoints/ckpt-*.pt")) or any(
+        home.glob(f"run/node-*/jobs/{job_id}/checkpoints/ckpt-*.pt"))
 
 
 def events(http, job_id: str) -> list[dict]:

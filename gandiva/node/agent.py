@@ -583,13 +583,18 @@ class Agent:
     def _wait_ack(self, job: _Job, ack: str) -> bool:
         """Wait until every rank acknowledged ``ack``; False if one did not in time, or a
         process ended meanwhile (the job finished or crashed: the reaper reports it)."""
-        deadline = time.monotonic() + ACK_TIMEOUT_S
+        deadline = looked = time.monotonic()
+        deadline += ACK_TIMEOUT_S
         for r in job.ranks:
             key = f"{ack}:{r.rank}"
             with self._lock:
                 ev = job.acks.setdefault(key, threading.Event())
             while not ev.wait(0.02):
-                if r.proc.poll() is not None or time.monotonic() > deadline:
+                now = time.monotonic()
+                if now - looked > AWAY_S:  # this process was stopped, not the job slow
+                    deadline += now - looked
+                looked = now
+                if r.proc.poll() is not None or now > deadline:
                     return False
             with self._lock:
                 job.acks.pop(key, None)
