@@ -223,8 +223,8 @@ def test_a_checkpoint_the_disk_refuses_is_an_event_and_a_count_and_the_job_ends_
         server, tmp_path):
     """The job's disk refuses its final checkpoint (its file-size limit, lowered at start
     under the checkpoint's size and over its log's):
-    the job ends done, the refusal is stored as an event of the job with its reason, and
-    Prometheus counts it."""
+    the job ends done, the refusal is stored as an event of the job with its reason,
+    Prometheus counts it and /readyz warns of it (still ready)."""
     script = server.service.user_dir(server.ada) / "full.py"
     script.write_text("import resource, signal, torch\n"
                       "import gandiva.job as gj\n"
@@ -243,6 +243,9 @@ def test_a_checkpoint_the_disk_refuses_is_an_event_and_a_count_and_the_job_ends_
                if e.job_id == job_id and e.kind == "checkpoint-refused"]
     assert len(refused) == 1 and "training goes on" in refused[0].data["reason"]
     assert "gandiva_checkpoints_refused_total 1.0" in server.service.metrics.scrape().decode()
+    ready = TestClient(create_app(server.service)).get("/readyz")
+    assert ready.status_code == 200  # the server still takes and schedules work
+    assert "1 refused by a disk" in ready.json()["warnings"][0]
 
 
 def test_a_clean_shutdown_stores_what_is_queued_once_the_database_takes_it(server, db_url):

@@ -56,6 +56,7 @@ EVENT_ID_MAX = 2**31 - 1  # events.id is a 32-bit INTEGER (on PostgreSQL)
 # load while it is away
 STORE_RETRY_AFTER_S = 5
 PROBE_S = 2.0  # /readyz waits this long for the database's answer
+DISK_WARN_S = 300.0  # /readyz warns of checkpoints a disk refused this recently
 # Limits a platform team can change (``gandiva server --max-body-bytes`` ...); each refusal
 # names its limit. A body is refused by its Content-Length before it is read, or as soon as
 # a chunked one passes the limit: the server never holds more than this of one request.
@@ -478,8 +479,15 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
         if not service.writer.healthy():
             problems.append(f"store writes: {service.writer.queued()} queued, the oldest "
                             f"{service.writer.behind_s():.0f} s ago")
+        # a disk refusing checkpoints is said, not made a failure: the server still takes
+        # and schedules work, and a load balancer must not take it out of service for it
+        warnings = []
+        if refused := service.metrics.refused_within(DISK_WARN_S):
+            warnings.append(f"checkpoints: {refused} refused by a disk (full?) in the last "
+                            f"{DISK_WARN_S:g} s; their jobs train on from older checkpoints")
         return JSONResponse({"status": "not ready" if problems else "ok",
-                             "problems": problems}, status_code=503 if problems else 200)
+                             "problems": problems, "warnings": warnings},
+                            status_code=503 if problems else 200)
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import gc
 import platform
 import time
-from collections import Counter
+from collections import Counter, deque
 from importlib import metadata
 
 from prometheus_client import (
@@ -99,6 +99,7 @@ class Metrics(Observer):
             "gandiva_requests_store_unavailable", "Requests answered 503 because the "
             "database did not take or give what they needed (nothing of them was stored)",
             registry=self.registry)
+        self._refused_at: deque[float] = deque(maxlen=10_000)  # when, on the monotonic clock
         Info("gandiva_build", "The server's version", registry=self.registry).info({
             "version": _version(), "python": platform.python_version()})
         ProcessCollector(registry=self.registry)
@@ -162,8 +163,14 @@ class Metrics(Observer):
             self.restarts.inc()
         elif what == "checkpoint-refused":
             self.checkpoints_refused.inc()
+            self._refused_at.append(time.monotonic())
         if state in TERMINAL:
             self.finished.labels(state).inc()
+
+    def refused_within(self, seconds: float) -> int:
+        """Checkpoints a disk refused in the last ``seconds``."""
+        since = time.monotonic() - seconds
+        return sum(1 for at in self._refused_at if at >= since)
 
     def scrape(self) -> bytes:
         return generate_latest(self.registry)
