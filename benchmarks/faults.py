@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,6 +62,7 @@ AFTER_S = 10.0
 DRAIN_S = 180.0  # every acknowledged job ends within this after the load stops
 REQUEST_TIMEOUT_S = 30.0  # a request unanswered this long counts as a failed connection
 console = Console(width=200)
+VERBOSE = False
 
 LONG_JOB = """\
 import os, time
@@ -92,6 +94,7 @@ class Row:
     slowest_answer_s: float = 0.0
     loop_pause_s: float = 0.0
     recovery_s: float | None = None
+    detected_s: float | None = None  # a hung rank or a silent agent: from its start to the event
     saw: list[str] = field(default_factory=list)
 
 
@@ -276,6 +279,9 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
             args += ["--backend", "ray", "--ray-address", stack.enter_context(ray_cluster())]
         srv = stack.enter_context(running(home, users=("ops",), db=url, args=tuple(args),
                                           policy="gandiva"))
+        if VERBOSE:  # the server's log of a row that broke
+            stack.push(lambda kind, *_: kind is not None and console.print(
+                (home / "server.log").read_text()[-6000:], markup=False) and False)
         token = srv.tokens["ops"]
         http = httpx2.Client(base_url=srv.url, timeout=REQUEST_TIMEOUT_S,
                              headers={"Authorization": f"Bearer {token}"})
@@ -296,7 +302,8 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
         load = Load(srv.url, token, command)
         time.sleep(WARM_S)
         if longs:  # each long job has written a checkpoint before the fault
-            wait_for(lambda: all(checkpoints(srv.home, j) for j in longs), 60)
+            wait_for(lambda: all(checkpoints(srv.home, j) for j in longs), 60,
+                     "a checkpoint of each long job")
         started = time.monotonic()
         if fault.name.startswith("db-away"):
             with db_away(db, url, cluster) as how:
@@ -311,22 +318,27 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
         elif fault.name == "rank-hung":
             how = "a rank sleeps at step 100 without reporting"
             wait_for(lambda: any(e["kind"] == "restarted" for e in events(http, longs[0])),
-                     120)
+                     120, "the hung job restarted")
+            hung_at = (srv.user_dir("ops") / "hung-once").stat().st_mtime
+            row.detected_s = first_at(http, longs[0], "restarted") - hung_at
         elif fault.name.startswith("disk-full"):
             with volume_full(volume) as how:
                 time.sleep(fault.length_s)
         elif fault.name == "agent-silent":
             how = "the Ray node agent of a long job SIGSTOPped until its node is lost"
+            stopped_at = time.time()
             with paused(agent_of(srv.home, longs[0])):
-                wait_for(lambda: any(e["kind"] == "restarted"
-                                     for e in events(http, longs[0])), 180)
+                wait_for(lambda: any(e["kind"] == "node-lost"
+                                     for e in events(http, longs[0])), 180,
+                         "the silent node's job restarted")
+            row.detected_s = first_at(http, longs[0], "node-lost") - stopped_at
         elif fault.name == "checkpoints-removed":
             how = "rm -rf the job's checkpoint directory"
             subprocess.run(["rm", "-rf", str(checkpoints(srv.home, longs[0], path=True))])
         ended = time.monotonic()
         time.sleep(AFTER_S)
         load.stop()
-        wait_for(lambda: all_ended(http), DRAIN_S)
+        wait_for(lambda: all_ended(http), DRAIN_S, "every job ended")
         jobs = {j["id"]: j for j in http.get("/v1/jobs", params={"limit": 1000}).json()}
         row.acked = len(load.acked)
         row.lost = sum(1 for job_id, _ in load.acked.values() if job_id not in jobs)
@@ -340,7 +352,7 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
                           default=None)
         if first_ack is not None and first_ready is not None:
             row.recovery_s = max(first_ack, first_ready) - ended
-        problems = Counter(p for at, code, p in load.ready
+        problems = Counter(re.sub(r"\d+", "N", p) for at, code, p in load.ready
                            if started <= at <= ended + 5 and code != 200)
         row.saw.append(how)
         row.saw.append("HTTP " + ", ".join(f"{k} x{v}" for k, v in sorted(load.codes.items())))
@@ -348,7 +360,7 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
         for job_id in longs:
             kinds = Counter(e["kind"] for e in events(http, job_id))
             notable = {k: n for k, n in kinds.items()
-                       if k in ("restarted", "checkpoint-refused", "failed")}
+                       if k in ("restarted", "node-lost", "checkpoint-refused", "failed")}
             row.saw.append(f"{jobs[job_id]['name']}: {jobs[job_id]['state']}"
                            + (f" {notable}" if notable else ""))
             if kinds.get("restarted"):
@@ -370,6 +382,11 @@ def events(http, job_id: str) -> list[dict]:
     return http.get(f"/v1/jobs/{job_id}/events").json()
 
 
+def first_at(http, job_id: str, kind: str) -> float:
+    """When the job's first event of ``kind`` was stored (the server's wall clock)."""
+    return min(e["at"] for e in events(http, job_id) if e["kind"] == kind)
+
+
 def all_ended(http) -> bool:
     jobs = http.get("/v1/jobs", params={"limit": 1000}).json()
     return all(j["state"] in ("done", "failed", "cancelled") for j in jobs)
@@ -382,11 +399,11 @@ def metric(http, name: str) -> float:
     return float("nan")
 
 
-def wait_for(condition: Callable[[], bool], timeout: float) -> None:
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {timeout:g} s")
+            raise TimeoutError(f"{what}: not within {timeout:g} s")
         time.sleep(0.5)
 
 
@@ -395,7 +412,11 @@ def main() -> None:
     parser.add_argument("--db", default="sqlite,postgresql")
     parser.add_argument("--only", default="", help="fault names, comma-separated")
     parser.add_argument("--short", action="store_true", help="every fault lasts 10 s")
+    parser.add_argument("--verbose", action="store_true", help="a broken row's traceback "
+                        "and its server's log")
     args = parser.parse_args()
+    global VERBOSE
+    VERBOSE = args.verbose
     dbs = args.db.split(",")
     only = set(filter(None, args.only.split(",")))
     rows: list[Row] = []
@@ -415,6 +436,8 @@ def main() -> None:
                     rows.append(run_row(fault, db, cluster))
                 except Exception as e:  # noqa: BLE001 - a row that broke is a row to read
                     rows.append(Row(db, fault.name, saw=[f"broke: {type(e).__name__}: {e}"]))
+                    if args.verbose:
+                        console.print_exception()
                 console.print(rows[-1])
     finally:
         if cluster is not None:
@@ -422,13 +445,15 @@ def main() -> None:
     table = Table(title="Faults under load (a server on 2 CPU slots, a submission every "
                         f"{SUBMIT_EVERY_S:g} s)")
     for col in ("db", "fault", "acked", "lost", "failed", "503s", "no conn.",
-                "slowest answer s", "loop pause s", "recovery s", "what the user saw"):
+                "slowest answer s", "loop pause s", "recovery s", "detected s",
+                "what the user saw"):
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(r.db, r.fault, str(r.acked), str(r.lost), str(r.failed),
                       str(r.answered_503), str(r.no_connection), f"{r.slowest_answer_s:.1f}",
                       f"{r.loop_pause_s:.1f}",
                       "-" if r.recovery_s is None else f"{r.recovery_s:.1f}",
+                      "-" if r.detected_s is None else f"{r.detected_s:.1f}",
                       "\n".join(r.saw))
     console.print(table)
     print(json.dumps({"faults": [asdict(r) for r in rows]}))
