@@ -334,7 +334,7 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
             row.detected_s = first_at(http, longs[0], "node-lost") - stopped_at
         elif fault.name == "checkpoints-removed":
             how = "rm -rf the job's checkpoint directory"
-            subprocess.run(["rm", "-rf", str(checkpoints(srv.home, longs[0], path=True))])
+            subprocess.run(["rm", "-rf", str(srv.home / "run" / "jobs" / longs[0] / "checkpoints")])
         ended = time.monotonic()
         time.sleep(AFTER_S)
         load.stop()
@@ -369,11 +369,9 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
     return row
 
 
-def checkpoints(home: Path, job_id: str, path: bool = False):
-    """Has ``job_id`` a checkpoint (or, ``path``: its local checkpoint directory)? The local
-    backend keeps them in run/jobs/, Ray's node agents in run/node-*/jobs/."""
-    if path:
-        return home / "run" / "jobs" / job_id / "checkpoints"
+def checkpoints(home: Path, job_id: str) -> bool:
+    """Has ``job_id`` a checkpoint? The local backend keeps them in run/jobs/, Ray's node
+    agents in run/node-*/jobs/."""
     return any(home.glob(f"run/jobs/{job_id}/checkpoints/ckpt-*.pt")) or any(
         home.glob(f"run/node-*/jobs/{job_id}/checkpoints/ckpt-*.pt"))
 

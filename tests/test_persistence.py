@@ -74,6 +74,15 @@ class Server:
         self.loop = threading.Thread(target=self.backend.run, kwargs={"until_idle": False})
         self.loop.start()
 
+    def client(self, user: str) -> tuple[TestClient, dict[str, str]]:
+        """An API client and the headers of a new user whose token the server has seen."""
+        token = self.store.add_user(user)
+        self.service.user_dir(self.store.principal(token)).mkdir(parents=True)
+        client = TestClient(create_app(self.service))
+        auth = {"Authorization": f"Bearer {token}"}
+        assert client.get("/v1/whoami", headers=auth).status_code == 200  # token known
+        return client, auth
+
     def submit(self, name: str, *command: str) -> str:
         return self.service.submit(self.ada, JobRequest(name=name, command=list(command))).id
 
@@ -145,12 +154,8 @@ def test_a_request_the_database_cannot_take_is_answered_503_and_a_retry_makes_on
     """With the database away a submission is not acknowledged: 503 with Retry-After, and
     nothing is stored; the client's retry, once the database is back, makes the job, and a
     second retry of the same submission_id finds it. Each 503 is counted."""
-    token = server.store.add_user("bea")
-    server.service.user_dir(server.store.principal(token)).mkdir(parents=True)
-    client = TestClient(create_app(server.service))
-    auth = {"Authorization": f"Bearer {token}"}
+    client, auth = server.client("bea")
     body = {"name": "retried", "command": ["true"], "submission_id": "bea-1"}
-    assert client.get("/v1/whoami", headers=auth).status_code == 200  # token known
     with database_away(db_url):
         away = client.post("/v1/jobs", json=body, headers=auth)
         assert away.status_code == 503, away.text
@@ -176,12 +181,8 @@ def test_a_hung_database_holds_no_request_and_no_decision_and_nothing_is_lost(
     monkeypatch.setattr(store_module, "STUCK_S", 3.0)
     srv = Server(tmp_path, postgres.create_database())
     try:
-        token = srv.store.add_user("bea")
-        srv.service.user_dir(srv.store.principal(token)).mkdir(parents=True)
-        client = TestClient(create_app(srv.service))
-        auth = {"Authorization": f"Bearer {token}"}
+        client, auth = srv.client("bea")
         body = {"name": "during", "command": ["true"], "submission_id": "bea-frozen"}
-        assert client.get("/v1/whoami", headers=auth).status_code == 200  # token known
         blocker, (quick,) = srv.waiting(1)
         with postgres.frozen():
             ready = client.get("/readyz")

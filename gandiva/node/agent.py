@@ -178,7 +178,7 @@ class Agent:
         self._wakeup_r, self._wakeup_w = socket.socketpair()
         self._sel.register(self._wakeup_r, selectors.EVENT_READ, None)
         self._closed = False
-        self._reaped_at = time.monotonic()  # the reader's last look at its jobs' exits
+        self._reads = Looks()  # the reader's looks at its jobs' reports and exits
         self._thread = threading.Thread(target=self._loop, name="gandiva-agent", daemon=True)
         self._thread.start()
         self._warm_up()
@@ -583,18 +583,15 @@ class Agent:
     def _wait_ack(self, job: _Job, ack: str) -> bool:
         """Wait until every rank acknowledged ``ack``; False if one did not in time, or a
         process ended meanwhile (the job finished or crashed: the reaper reports it)."""
-        deadline = looked = time.monotonic()
-        deadline += ACK_TIMEOUT_S
+        deadline = time.monotonic() + ACK_TIMEOUT_S
+        looks = Looks()
         for r in job.ranks:
             key = f"{ack}:{r.rank}"
             with self._lock:
                 ev = job.acks.setdefault(key, threading.Event())
             while not ev.wait(0.02):
-                now = time.monotonic()
-                if now - looked > AWAY_S:  # this process was stopped, not the job slow
-                    deadline += now - looked
-                looked = now
-                if r.proc.poll() is not None or now > deadline:
+                deadline += looks.away()  # this process was stopped, not the job slow
+                if r.proc.poll() is not None or time.monotonic() > deadline:
                     return False
             with self._lock:
                 job.acks.pop(key, None)
@@ -656,12 +653,9 @@ class Agent:
 
     def _reap(self) -> None:
         with self._lock:
-            now = time.monotonic()
-            away = now - self._reaped_at
-            self._reaped_at = now
-            if away > AWAY_S:  # this process was stopped (SIGSTOP, a paused VM): what the
-                for job in self.jobs.values():  # jobs said meanwhile waits unread, so the
-                    job.heard += away  # time we were away is not their silence
+            away = self._reads.away()  # what the jobs said meanwhile waits unread, so the
+            for job in self.jobs.values():  # time this process was stopped is not their
+                job.heard += away  # silence
             for job in list(self.jobs.values()):
                 if not job.ranks or all(r.exit is not None for r in job.ranks):
                     continue
@@ -810,6 +804,20 @@ def _start_time(pid: int) -> str | None:
     except OSError:
         return None
     return stat.rsplit(")", 1)[1].split()[19]
+
+
+class Looks:
+    """The time between one thread's looks at something; a gap over ``AWAY_S`` is this
+    process stopped (SIGSTOP, a paused VM), and no one else's delay or silence."""
+
+    def __init__(self) -> None:
+        self._at = time.monotonic()
+
+    def away(self) -> float:
+        """How long this process was stopped since the last look (0.0: it was not)."""
+        now = time.monotonic()
+        gap, self._at = now - self._at, now
+        return gap if gap > AWAY_S else 0.0
 
 
 def _record_pids(path: Path, pids: list[int]) -> None:
