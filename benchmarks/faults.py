@@ -15,8 +15,10 @@ another process holds its write lock) for 10 s and 120 s; PostgreSQL frozen (eve
 SIGSTOPped: connections open, nothing answers) for 60 s; the server SIGSTOPped for 60 s; a
 long job's rank hung (it stops reporting; ``--hang-after 10``); the checkpoint volume full
 (a 64 MiB tmpfs mounted under the server's job directory and filled, 20 s); a running job's
-checkpoint directory removed; and, at scale, the database stopped 10 s under a server of
-1,000 hollow 8-GPU nodes (no processes) with a steady stream of hollow jobs.
+checkpoint directory removed; the wall clock stepped a day ahead for 20 s and back (an NTP
+step, for the server's process tree only: see ``STEPPED_CLOCK``; the long jobs have a time
+limit of 10 min); and, at scale, the database stopped 10 s under a server of 1,000 hollow
+8-GPU nodes (no processes) with a steady stream of hollow jobs.
 
 Each row: submissions acknowledged (2xx), lost (acknowledged, not stored at the end: must be
 0), jobs failed (must be 0: no fault here is a job's own fault), 503s and failed connections
@@ -80,6 +82,33 @@ for step in job.steps(int(os.environ.get("STEPS", "600"))):
         Path("hung-once").touch()
         time.sleep(10**6)  # a rank stuck (in a collective, say): it reports nothing
 """
+
+# The server's process tree (its jobs too) reads a wall clock stepped by the seconds that the
+# file named by GANDIVA_FAULTS_CLOCK holds; the machine's own clock is left alone. Python
+# imports a ``sitecustomize`` module from its path at start. ``time.time`` is the one wall
+# clock gandiva reads (stamps only: its limits and quanta are on the monotonic clock); log
+# lines and the database's own clock are not stepped. (libfaketime, which would step every
+# reader, breaks Python's ``time.sleep`` with EINVAL when it leaves the monotonic clock
+# alone, in Debian's 0.9.10.)
+STEPPED_CLOCK = """\
+import os, threading, time
+
+_file, _real, _offset = os.environ["GANDIVA_FAULTS_CLOCK"], time.time, [0.0]
+
+
+def _follow():
+    while True:
+        try:
+            _offset[0] = float(open(_file).read() or 0)
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.1)
+
+
+threading.Thread(target=_follow, daemon=True).start()
+time.time = lambda: _real() + _offset[0]
+"""
+STEP_S = 86400.0
 
 
 @dataclass
@@ -215,6 +244,7 @@ class Fault:
     hang: bool = False
     tmpfs: bool = False
     ray: bool = False
+    clock: bool = False
 
 
 FAULTS = [
@@ -224,6 +254,7 @@ FAULTS = [
     Fault("rank-hung", 0, hang=True),
     Fault("disk-full-20s", 20, tmpfs=True),
     Fault("checkpoints-removed", 0),
+    Fault("clock-stepped-20s", 20, clock=True),
     Fault("db-away-10s-1000-nodes", 10, hollow=True),
     Fault("agent-silent", 0, dbs=("sqlite",), ray=True),
 ]
@@ -277,8 +308,15 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
             args += ["--backend", "hollow", "--hollow-cluster", "1000x8"]
         if fault.ray:
             args += ["--backend", "ray", "--ray-address", stack.enter_context(ray_cluster())]
+        server_env = {}
+        if fault.clock:
+            (home / "clock").mkdir()
+            (home / "clock" / "sitecustomize.py").write_text(STEPPED_CLOCK)
+            server_env = {"PYTHONPATH": os.pathsep.join(filter(None, [
+                       str(home / "clock"), os.environ.get("PYTHONPATH")])),
+                   "GANDIVA_FAULTS_CLOCK": str(home / "clock" / "offset")}
         srv = stack.enter_context(running(home, users=("ops",), db=url, args=tuple(args),
-                                          policy="gandiva"))
+                                          policy="gandiva", env=server_env))
         if VERBOSE:  # the server's log of a row that broke
             stack.push(lambda kind, *_: kind is not None and console.print(
                 (home / "server.log").read_text()[-6000:], markup=False) and False)
@@ -295,7 +333,8 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
                 if fault.hang and i == 0:
                     env["HANG"] = "1"
                 r = http.post("/v1/jobs", json={"name": f"long-{i}", "command":
-                                                ["python", "long.py"], "env": env})
+                                                ["python", "long.py"], "env": env,
+                                                "time_limit": 600 if fault.clock else None})
                 r.raise_for_status()
                 longs.append(r.json()["id"])
         command = ["gandiva-hollow", "resnet50", "500"] if fault.hollow else ["true"]
@@ -332,6 +371,12 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
                                      for e in events(http, longs[0])), 180,
                          "the silent node's job restarted")
             row.detected_s = first_at(http, longs[0], "node-lost") - stopped_at
+        elif fault.clock:
+            how = f"the wall clock stepped {STEP_S:g} s ahead, {fault.length_s:g} s later back"
+            offset = home / "clock" / "offset"
+            offset.write_text(str(STEP_S))
+            time.sleep(fault.length_s)
+            offset.write_text("0")
         elif fault.name == "checkpoints-removed":
             how = "rm -rf the job's checkpoint directory"
             subprocess.run(["rm", "-rf", str(srv.home / "run" / "jobs" / longs[0] / "checkpoints")])
@@ -355,6 +400,9 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
         problems = Counter(re.sub(r"\d+", "N", p) for at, code, p in load.ready
                            if started <= at <= ended + 5 and code != 200)
         row.saw.append(how)
+        if fault.clock:
+            ahead = sum(1 for j in jobs.values() if j["submitted_at"] > time.time() + STEP_S / 2)
+            row.saw.append(f"{ahead} jobs stamped as submitted a day ahead")
         row.saw.append("HTTP " + ", ".join(f"{k} x{v}" for k, v in sorted(load.codes.items())))
         row.saw += [f"/readyz 503: {p} (x{n})" for p, n in problems.most_common(2)]
         for job_id in longs:

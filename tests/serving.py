@@ -45,11 +45,11 @@ def add_user(home: Path, name: str, admin: bool = False, db: str | None = None) 
 @contextmanager
 def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str | None = None,
             slots: int = 2, db: str | None = None, args: tuple[str, ...] = (),
-            up_s: float = 60) -> Iterator[Server]:
+            up_s: float = 60, env: dict[str, str] | None = None) -> Iterator[Server]:
     """Users added, then `gandiva server` up (its /v1/whoami answers); SIGTERM at the end,
     SIGKILL if it does not stop. ``policy``: a policy spec (default: the server's default
     policy); ``db``: a database URL (default: SQLite in ``home``); ``args``: more of the
-    server's options."""
+    server's options; ``env``: more of its environment."""
     import httpx2
 
     tokens = {u: add_user(home, u, db=db) for u in users}
@@ -59,7 +59,8 @@ def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str | None 
                                  "--slots", str(slots),
                                  *(["--policy", policy] if policy else []),
                                  *(["--db", db] if db else []), *args],
-                                stdout=out, stderr=subprocess.STDOUT, env=CPU_ONLY)
+                                stdout=out, stderr=subprocess.STDOUT,
+                                env={**CPU_ONLY, **(env or {})})
     srv = Server(f"http://127.0.0.1:{port}", home, tokens, proc)
     def up() -> bool:
         try:
