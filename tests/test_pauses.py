@@ -1,5 +1,6 @@
 """A server process paused (SIGSTOP, as a debugger, a frozen VM or a swap storm does) and
-continued: it catches up on what its jobs said meanwhile and acts once, not twice."""
+continued: it catches up on what its jobs said meanwhile and acts once, not twice. A job
+that is itself silent past the hang limit is another matter: restarted, and counted."""
 
 from __future__ import annotations
 
@@ -20,6 +21,25 @@ job = gj.init()
 for step in job.steps(400):
     time.sleep(0.02)
 """
+
+HANGS_ONCE = """\
+import time
+from pathlib import Path
+import gandiva.job as gj
+
+job = gj.init()
+for step in job.steps(150):
+    time.sleep(0.02)
+    if step == 50 and not Path("hung-once").exists():
+        Path("hung-once").touch()
+        time.sleep(600)  # stuck, as a rank in a collective whose peer is gone
+"""
+
+
+def metric(http: httpx2.Client, name: str) -> float:
+    line = next(line for line in http.get("/metrics").text.splitlines()
+                if line.startswith(name + " "))
+    return float(line.split()[1])
 
 
 def test_a_paused_server_is_not_taken_for_a_hung_job_and_acts_once(tmp_path):
@@ -54,3 +74,23 @@ def test_a_paused_server_is_not_taken_for_a_hung_job_and_acts_once(tmp_path):
         other = answered["r"].json()["id"]
         kinds = [e["kind"] for e in http.get(f"/v1/jobs/{other}/events").json()]
         assert kinds.count("running") == 1 and kinds.count("done") == 1, kinds
+        assert metric(http, "gandiva_jobs_hung_total") == 0
+
+
+def test_a_job_silent_past_the_hang_limit_is_restarted_said_why_and_counted(
+        tmp_path):
+    """(That it resumes from its checkpoint: tests/test_runtime.py.)"""
+    with running(tmp_path, args=("--hang-after", "2")) as srv:
+        http = httpx2.Client(base_url=srv.url, timeout=60,
+                             headers={"Authorization": f"Bearer {srv.tokens['alice']}"})
+        srv.user_dir("alice").mkdir(parents=True, exist_ok=True)
+        (srv.user_dir("alice") / "hangs.py").write_text(HANGS_ONCE)
+        job = http.post("/v1/jobs", json={"name": "hangs", "command": ["python",
+                                                                       "hangs.py"]}).json()
+        until(lambda: http.get(f"/v1/jobs/{job['id']}").json()["state"] == "done", 120,
+              "the job done")
+        events = http.get(f"/v1/jobs/{job['id']}/events").json()
+        (restarted,) = [e for e in events if e["kind"] == "restarted"]
+        assert "hung: no report from any rank for 2 s" in restarted["data"]["reason"]
+        assert metric(http, "gandiva_jobs_hung_total") == 1
+        assert metric(http, "gandiva_job_restarts_total") == 1

@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gandiva.backends.driver import Driver
+from gandiva.backends.nodes import AgentEvent
 from gandiva.policies import make_policy
 from gandiva.server import store as store_module
 from gandiva.server.app import create_app
@@ -218,6 +219,23 @@ def test_a_submission_stored_by_a_commit_whose_answer_was_lost_is_queued_by_its_
     assert server.service.submit(server.ada, request).id == row.id  # queued once
     assert server.service.writer.wait(lambda: server.decided(row.id), WAIT_S)
     assert server.backend.records[row.id].status == "done"
+
+
+def test_a_lost_node_s_job_is_requeued_with_an_event_that_says_which_node_and_a_count(
+        server):
+    """As a node backend reports a machine gone (Ray's, for a dead node or a silent agent):
+    the job goes back to the queue, its stored event names the node, Prometheus counts it."""
+    job_id = server.submit("long", "sleep", "300")
+    writer = server.service.writer
+    assert writer.wait(lambda: server.backend.records[job_id].status == "running", WAIT_S)
+    server.backend.agent.events.put(AgentEvent("node-lost", "", {"node": 0,
+                                                                 "jobs": [job_id]}))
+    assert writer.wait(lambda: (job_id, "node-lost") in server.stored(), WAIT_S)
+    (lost,) = [e for e in server.store.all_events(server.root, 0, 10_000)
+               if e.job_id == job_id and e.kind == "node-lost"]
+    assert lost.data["reason"] == "node 0 was lost"
+    assert server.store.job(server.ada, job_id).state == "queued"  # as the loop has it
+    assert "gandiva_jobs_node_lost_total 1.0" in server.service.metrics.scrape().decode()
 
 
 def test_a_checkpoint_the_disk_refuses_is_an_event_and_a_count_and_the_job_ends_done(

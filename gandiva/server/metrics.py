@@ -92,6 +92,13 @@ class Metrics(Observer):
             self.finished.labels(state)
         self.restarts = CounterMetric("gandiva_job_restarts", "Restarts of crashed jobs from "
                                       "their checkpoints", registry=self.registry)
+        self.hung = CounterMetric(
+            "gandiva_jobs_hung", "Jobs no rank of which reported for the hang limit "
+            "(--hang-after): killed, then restarted from their checkpoints or failed",
+            registry=self.registry)
+        self.node_lost = CounterMetric(
+            "gandiva_jobs_node_lost", "Jobs put back in the queue because their node was lost "
+            "(its machine gone, or its agent silent)", registry=self.registry)
         self.checkpoints_refused = CounterMetric(
             "gandiva_checkpoints_refused", "Checkpoints a job's disk refused (full, gone); "
             "the job trained on from its newest checkpoint", registry=self.registry)
@@ -157,10 +164,14 @@ class Metrics(Observer):
                                 "the running jobs report (0..1), at the latest sample",
                                 value=util)
 
-    def changed(self, what: str, state: str | None) -> None:
+    def changed(self, what: str, state: str | None, reason: str | None = None) -> None:
         """A job's transition, as the server stores it."""
+        if what in ("restarted", "failed") and (reason or "").startswith("hung:"):
+            self.hung.inc()
         if what == "restarted":
             self.restarts.inc()
+        elif what == "node-lost":
+            self.node_lost.inc()
         elif what == "checkpoint-refused":
             self.checkpoints_refused.inc()
             self._refused_at.append(time.monotonic())

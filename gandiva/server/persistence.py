@@ -41,7 +41,8 @@ MERGED_MAX = 5000  # writes in one transaction when batches queued up (a databas
 STALL_S = 10.0  # the oldest queued write older than this: the writer is not healthy
 EXIT_FLUSH_S = 10.0  # what a process that exits without closing its writer gives it
 # what happened to a job -> the state it leaves the job in (the rest leave it as it was)
-LEAVES_IN = {**{s.value: s for s in JobState}, "released": JobState.QUEUED}
+LEAVES_IN = {**{s.value: s for s in JobState}, "released": JobState.QUEUED,
+             "node-lost": JobState.QUEUED}
 
 
 def change_of(rec: JobRecord, what: str) -> JobChange:
@@ -54,6 +55,8 @@ def change_of(rec: JobRecord, what: str) -> JobChange:
         data.update(rec.profile, metrics=dict(rec.metrics))
     if what == "checkpoint-refused":  # on the event only: the job's own state and reason stay
         data["reason"] = rec.refused
+    if what in ("restarted", "node-lost"):  # why, on the event: a later end overwrites the job's
+        data["reason"] = rec.reason
     reason = rec.reason if what in ("failed", "restarted", "cancelled") else None
     return JobChange(rec.spec.id, what, data, state, reason)
 

@@ -177,7 +177,7 @@ class Service:
         """(The loop's ``on_change``.)"""
         change = change_of(rec, what)
         self.journal.change(change)
-        self.metrics.changed(what, change.state)
+        self.metrics.changed(what, change.state, change.reason)
         if change.state in TERMINAL:
             self.submissions.quotas.ended(rec.spec.id)
             self.views.forget(rec.spec.id)
