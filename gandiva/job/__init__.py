@@ -54,7 +54,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from gandiva.job import checkpoint, nvml, wire
 
@@ -381,8 +381,8 @@ class Job:
         self._window_steps += 1
         self._flush_report()
         if self._deferred is not None:
-            command, self._deferred = self._deferred, None
-            return command
+            deferred, self._deferred = self._deferred, None
+            return deferred
         self._steps.count = self.step
         if self._pg is not None and self._steps.count < self._steps.at:
             return None  # a gang acts at agreed boundaries only (see AGREE_EVERY_S)
@@ -540,20 +540,24 @@ class Job:
             self.limit(command.memory_gb)
 
     def _wait(self) -> wire.Command:
+        sock = self._sock
+        if sock is None:  # commands come only from an agent
+            raise RuntimeError("gandiva: no agent channel to wait for a command on")
         while True:
             command = self._poll()
             if command is not None:
                 return command
-            self._sock.setblocking(True)
+            sock.setblocking(True)
             try:
-                chunk = self._sock.recv(65536)
+                chunk = sock.recv(65536)
             finally:
-                self._sock.setblocking(False)
+                sock.setblocking(False)
             if not chunk:
                 self._agent_gone()
             self._buf += chunk
 
-    def _agree(self, command: wire.Command | None, due: bool, cadence: _Cadence):
+    def _agree(self, command: wire.Command | None, due: bool,
+               cadence: _Cadence) -> tuple[wire.Command | None, bool]:
         """All ranks act at the same point: if any rank has a command, all wait for theirs
         (the agent sends it to every rank); if any rank's checkpoint is due, all take it.
         ``cadence``: the points counted (boundaries or pause points) and when to agree next."""
@@ -566,12 +570,12 @@ class Job:
         # smallest proposed interval to the next agreement (as the max of its negation)
         flag = torch.tensor([command is not None, due, -every], dtype=torch.int32)
         self._pg.all_reduce(flag, op=self._pg.ReduceOp.MAX, group=self._control)
-        pending, due, least = (int(v) for v in flag.tolist())
+        pending, any_due, least = (int(v) for v in flag.tolist())
         if pending and command is None:
             command = self._wait()
         cadence.at = cadence.count + (1 if command is not None else -least)
         cadence.last_count, cadence.last_time = cadence.count, time.perf_counter()
-        return command, bool(due)
+        return command, bool(any_due)
 
     def exit(self) -> None:
         """Stop here, at once, after a checkpoint the agent asked for (no clean-up of the
@@ -579,7 +583,7 @@ class Job:
         self._close()
         os._exit(0)
 
-    def _agent_gone(self) -> None:
+    def _agent_gone(self) -> NoReturn:
         # the agent died: stop here; the work since the last checkpoint is what is lost
         print("gandiva: agent channel closed; exiting", file=sys.stderr)
         os._exit(3)
@@ -604,8 +608,8 @@ class Job:
 
     def _new_window(self, first: bool) -> None:
         """Start a profile window: short after a (re)start, then longer (FIRST_WINDOW_S)."""
-        self._window_s = (FIRST_WINDOW_S if first
-                          else min(REPORT_INTERVAL_S, 2 * self._window_s))
+        self._window_s: float = (FIRST_WINDOW_S if first
+                                 else min(REPORT_INTERVAL_S, 2 * self._window_s))
         self._window_start = time.perf_counter()
         self._window_steps = self._window_samples = 0
         self._window_cpu = time.process_time()

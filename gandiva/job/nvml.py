@@ -22,7 +22,7 @@ def _lib() -> Any:
     global _nvml
     if _nvml is None:
         try:
-            import pynvml
+            import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py ships no types
 
             pynvml.nvmlInit()
             _nvml = pynvml

@@ -132,7 +132,7 @@ def run(path: str) -> None:
     """Run the script as ``__main__``, then end as ``python script.py`` would: the same
     traceback, exit status and ``atexit`` handlers, after ``wind_down``. Only the status is
     kept from how the script ended: its exception would keep the script's frames alive."""
-    code: object = 0
+    code: str | int | None = 0
     interrupted = False
     try:
         runpy.run_path(path, run_name="__main__")

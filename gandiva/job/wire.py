@@ -9,8 +9,12 @@ spelled once.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 # ---- commands: agent -> job -----------------------------------------------------------------
@@ -182,9 +186,11 @@ class Alive:
 Report = (Ready | Forked | Exited | Hello | Started | Profile | Suspended | Resumed | Checkpointed
           | Done | CheckpointRefused | Alive)
 
-COMMANDS = {c.op: c for c in (Suspend, Resume, Checkpoint, Limit, Fork, Become)}
-REPORTS = {r.ev: r for r in (Ready, Forked, Exited, Hello, Started, Profile, Suspended,
-                              Resumed, Checkpointed, Done, CheckpointRefused, Alive)}
+COMMANDS: dict[str, type[Command]] = {
+    c.op: c for c in (Suspend, Resume, Checkpoint, Limit, Fork, Become)}
+REPORTS: dict[str, type[Report]] = {
+    r.ev: r for r in (Ready, Forked, Exited, Hello, Started, Profile, Suspended, Resumed,
+                      Checkpointed, Done, CheckpointRefused, Alive)}
 
 
 def encode(message: Command | Report) -> bytes:
@@ -192,7 +198,10 @@ def encode(message: Command | Report) -> bytes:
     return (json.dumps({tag[0]: tag[1], **asdict(message)}) + "\n").encode()
 
 
-def _decode(line: bytes | str, key: str, kinds: dict[str, type]):
+_Message = TypeVar("_Message", bound="DataclassInstance")
+
+
+def _decode(line: bytes | str, key: str, kinds: Mapping[str, type[_Message]]) -> _Message:
     data = json.loads(line)
     kind = kinds.get(data.pop(key, None))
     if kind is None:

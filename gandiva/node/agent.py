@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -297,7 +298,8 @@ class Agent:
         if job is None:
             return None
         held = [_held(job, r) for r in job.ranks]
-        return None if not held or None in held else max(held)
+        known = [h for h in held if h is not None]
+        return max(known) if held and len(known) == len(held) else None
 
     def _cap(self, devices: tuple[int, ...]) -> None:
         """Divide each of ``devices`` among the running jobs on it: each gets the most it was
@@ -453,7 +455,10 @@ class Agent:
                 log.write(f"--- gandiva: start on {where} "
                           f"(attempt {job.restarts + 1}) ---\n".encode())
             cwd = str(Path(job.launch.cwd or directory).resolve())
-            warm = self._zygote.fork() if self._warmable(job, command, env) else None
+            # (read after _warmable, which may replace a dead zygote)
+            zygote = self._zygote if self._warmable(job, command, env) else None
+            warm = zygote.fork() if zygote is not None else None
+            proc: subprocess.Popen[bytes] | Forked
             if warm is not None:
                 proc, ours = warm
                 ours.sendall(wire.encode(wire.Become(command[1:], env, cwd, str(log_path))))
@@ -491,9 +496,10 @@ class Agent:
         if self._zygote is not None and not self._zygote.alive and not self._closed:
             self._zygote.close()
             self._warm_up()
-        if not self.warm_ready():
+        zygote = self._zygote
+        if zygote is None or not zygote.ready:  # (``warm_ready``)
             return False
-        differs = warm_compatible(self._zygote.env, env)
+        differs = warm_compatible(zygote.env, env)
         if differs is not None:
             self._log(job, f"starts cold: its {differs} differs from the warm zygote's")
             return False
@@ -569,7 +575,8 @@ class Agent:
             except OSError:
                 pass
 
-    def _command(self, job: _Job, msg, reply: type) -> bool:
+    def _command(self, job: _Job, msg: Callable[[_Rank], wire.Command],
+                 reply: type[wire.Report]) -> bool:
         """Send ``msg(rank)`` to every rank and wait for their ``reply`` (a report type);
         False on timeout."""
         ack = reply.ev
@@ -727,7 +734,7 @@ class Agent:
                    "collective, or a loop without boundaries); killed")
             self._log(job, why)
         else:
-            bad = next(c for c in [r.exit for r in job.ranks] if c != 0)
+            bad = next(r.exit for r in job.ranks if r.exit)  # (all have exited: waited above)
             why = (f"killed by signal {-bad}" if bad < 0 else f"exited with status {bad}")
         if job.gang is not None:  # the whole gang restarts, on every node: not ours to do
             self.jobs.pop(job.id, None)
@@ -785,7 +792,7 @@ class Agent:
 def _held(job: _Job, r: _Rank) -> float | None:
     """What rank ``r`` said it still held when last suspended by the library, if known."""
     reply = job.replies.get(f"suspended:{r.rank}")
-    return reply.held_gb if reply is not None else None
+    return reply.held_gb if isinstance(reply, wire.Suspended) else None
 
 
 def _cold(command: list[str], python: str) -> list[str]:

@@ -102,7 +102,9 @@ def pack(folder: Path, into: Path, extra: dict[str, bytes] | None = None) -> Non
     uncompressed tar, after the small members ``extra`` (which replace files of the same
     name)."""
     extra = extra or {}
-    with tarfile.open(into, "w", format=tarfile.PAX_FORMAT, copybufsize=_CHUNK) as tar:
+    # typeshed's tarfile.open leaves out copybufsize, which it passes on to TarFile
+    with tarfile.open(into, "w", format=tarfile.PAX_FORMAT,  # type: ignore[call-overload]
+                      copybufsize=_CHUNK) as tar:
         for name, data in extra.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
@@ -123,7 +125,7 @@ def unpack(file: Path, folder: Path) -> Path:
     ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     if _is_tar(file):
-        with tarfile.open(file, "r:", copybufsize=_CHUNK) as tar:
+        with tarfile.open(file, "r:", copybufsize=_CHUNK) as tar:  # type: ignore[call-overload]
             tar.extractall(folder, filter="data")  # names stay inside ``folder``
         return folder
     for name, data in _legacy(file).items():
@@ -195,7 +197,9 @@ class GandivaCallback(TrainerCallback):
         node: its ranks share the directory, each reads its own RNG file), with the batch
         geometry fitted to this width."""
         directory = self.job.checkpoint_dir
-        found = checkpoint.newest_whole(directory) if directory else None
+        if directory is None:
+            return None
+        found = checkpoint.newest_whole(directory)
         if found is None:
             return None
         step, file = found

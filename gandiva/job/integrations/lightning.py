@@ -64,8 +64,9 @@ import random
 import re
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -122,7 +123,15 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class _Steering:
+# what mypy checks _Steering against: the base ``callback_class`` adds when it builds the
+# callback (either package's OnExceptionCheckpoint; the two are alike)
+if TYPE_CHECKING:
+    from lightning.pytorch.callbacks import OnExceptionCheckpoint as _Base
+else:
+    _Base = object
+
+
+class _Steering(_Base):
     """The callback's hooks, the same for both packages (``callback_class`` adds the base)."""
 
     def __init__(self) -> None:
@@ -259,7 +268,7 @@ class ResumableSampler:
     def __init__(self, sampler: Any) -> None:
         self.sampler = sampler
         self.order_rng: torch.Tensor | None = None
-        self.plan = lambda: None
+        self.plan: Callable[[], tuple[torch.Tensor, int] | None] = lambda: None
 
     def __len__(self) -> int:
         return len(self.sampler)
