@@ -4,11 +4,12 @@ user saw.
 
 For each database (SQLite: a file; PostgreSQL: a throw-away cluster, fsync on, as
 ``tests/pgcluster.py`` starts one) and each fault, a fresh ``gandiva server`` process runs on
-two CPU slots with two long jobs of the job library (checkpointing every 2 s) and a client
-that submits a short job (``true``) every ``SUBMIT_EVERY_S``, each with its own
-``submission_id``, retrying a 503 or a failed connection after 1 s with the same id, as the
-CLI's client does. Another client reads ``/readyz`` every second. After a warm-up the fault
-is injected for its length, the load goes on ``AFTER_S`` more, then every job is waited for.
+two CPU slots with two long jobs of the job library (checkpointing every 2 s, a log line
+every 10 steps) and a client that submits a short job (``true``) every ``SUBMIT_EVERY_S``,
+each with its own ``submission_id``, retrying a 503 or a failed connection after 1 s with
+the same id, as the CLI's client does. Another client reads ``/readyz`` every second. After
+a warm-up the fault is injected for its length, the load goes on ``AFTER_S`` more, then every
+job is waited for.
 
 Faults: the database stopped (PostgreSQL: ``pg_ctl stop``, then started again; SQLite:
 another process holds its write lock) for 10 s and 120 s; PostgreSQL frozen (every process
@@ -78,6 +79,8 @@ job.register(model=model)
 for step in job.steps(int(os.environ.get("STEPS", "600"))):
     model(torch.randn(8, 256)).sum().backward()
     time.sleep(0.05)
+    if step % 10 == 0:
+        print("step", step, flush=True)  # a log written as the disk fills
     if step == 100 and os.environ.get("HANG") and not Path("hung-once").exists():
         Path("hung-once").touch()
         time.sleep(10**6)  # a rank stuck (in a collective, say): it reports nothing

@@ -1,5 +1,6 @@
 """A disk that refuses a checkpoint fails the checkpoint, not the job: the job trains on, the
 checkpoints before it stand and verify, nothing half-written is left, and the log says so.
+A disk that refuses a job's output drops the output, not the job.
 
 The fault is the operating system's own: the job process lowers its file-size limit
 (RLIMIT_FSIZE) mid-run, so every later write of a checkpoint fails with EFBIG, as a full
@@ -12,7 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gandiva.backends.driver import Driver
 from gandiva.job import checkpoint
+from gandiva.node.agent import Launch
+from gandiva.policies import make_policy
+from gandiva.spec import JobSpec
 
 SCRIPT = """
 import resource, signal, sys, torch
@@ -68,3 +73,46 @@ def test_a_checkpoint_directory_removed_mid_run_is_made_again(tmp_path):
     proc = run(tmp_path, 10**6, blocked / "ckpt")  # the disk never fills
     assert proc.returncode == 0, proc.stderr
     assert "trained to 30" in proc.stdout and "not written" in proc.stderr
+
+
+CHATTY = """
+import os, resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+print("before", flush=True)
+resource.setrlimit(resource.RLIMIT_FSIZE, (os.fstat(1).st_size, resource.RLIM_INFINITY))
+for i in range(1000):  # the disk is full: none of these fit
+    print("lost", i)
+print("a warning", file=sys.stderr)
+sys.stdout.flush()
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+print("after")
+"""
+
+
+def test_output_the_disk_refuses_is_dropped_and_the_job_ends_well(tmp_path):
+    """Printing to a full disk (/dev/full: ENOSPC on every write) ends a plain Python
+    process with an error; with the output guard the same script ends well."""
+    loop = "for i in range(2000):\n    print('step', i, 'x' * 100)\n"
+    with open("/dev/full", "w") as full:
+        bare = subprocess.run([sys.executable, "-c", loop], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+        guarded = subprocess.run([sys.executable, "-c", "from gandiva.job import output\n"
+                                  "output.install()\n" + loop], stdout=full,
+                                 stderr=subprocess.PIPE, text=True, timeout=60)
+    assert bare.returncode == 1 and "No space left on device" in bare.stderr  # the fault
+    assert guarded.returncode == 0, guarded.stderr
+
+
+def test_a_job_s_log_says_what_the_full_disk_lost_once_it_takes_writes_again(tmp_path):
+    """A job the agent runs, its log's disk full for a while (its file-size limit): the job
+    ends done, and its log has what came before and after, and how much was lost."""
+    script = tmp_path / "chatty.py"
+    script.write_text(CHATTY)
+    backend = Driver(make_policy("fifo"), tmp_path / "work", slots=1)
+    backend.submit(JobSpec("chatty", 0.0, 1, "cnn"), Launch(["{python}", str(script)]))
+    (rec,) = backend.run(timeout=120).jobs
+    log = backend.read_log("chatty").decode()
+    assert rec.status == "done", log
+    assert "before" in log and "after" in log and "lost 0" not in log
+    lost = int(log.split("[gandiva: ")[1].split(" bytes of output lost")[0])
+    assert lost > 1000 * len("lost 999\n") // 2  # the prints, buffered and dropped

@@ -33,7 +33,7 @@ import socket
 import sys
 import threading
 
-from gandiva.job import wire
+from gandiva.job import output, wire
 
 # what a job's first mini-batches would import lazily (torch._dynamo: about 1 s here)
 PRELOAD = ("torch", "torch.nn", "torch.optim", "torch._dynamo", "gandiva.job")
@@ -134,6 +134,7 @@ def run(path: str) -> None:
     kept from how the script ended: its exception would keep the script's frames alive."""
     code: str | int | None = 0
     interrupted = False
+    output.install()  # a full disk drops log lines, not the job
     try:
         runpy.run_path(path, run_name="__main__")
     except SystemExit as stop:
