@@ -4,8 +4,8 @@ user saw.
 
 For each database (SQLite: a file; PostgreSQL: a throw-away cluster, fsync on, as
 ``tests/pgcluster.py`` starts one) and each fault, a fresh ``gandiva server`` process runs on
-two CPU slots with two long jobs of the job library (checkpointing every 2 s, a log line
-every 10 steps) and a client that submits a short job (``true``) every ``SUBMIT_EVERY_S``,
+two CPU slots with two long jobs of the job library (checkpointing every 2 s, 200 bytes
+of log every 10 steps) and a client that submits a short job (``true``) every ``SUBMIT_EVERY_S``,
 each with its own ``submission_id``, retrying a 503 or a failed connection after 1 s with
 the same id, as the CLI's client does. Another client reads ``/readyz`` every second. After
 a warm-up the fault is injected for its length, the load goes on ``AFTER_S`` more, then every
@@ -80,7 +80,7 @@ for step in job.steps(int(os.environ.get("STEPS", "600"))):
     model(torch.randn(8, 256)).sum().backward()
     time.sleep(0.05)
     if step % 10 == 0:
-        print("step", step, flush=True)  # a log written as the disk fills
+        print(f"step {step} " + "=" * 200, flush=True)  # a progress bar's worth of log
     if step == 100 and os.environ.get("HANG") and not Path("hung-once").exists():
         Path("hung-once").touch()
         time.sleep(10**6)  # a rank stuck (in a collective, say): it reports nothing
@@ -414,6 +414,10 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
                        if k in ("restarted", "node-lost", "checkpoint-refused", "failed")}
             row.saw.append(f"{jobs[job_id]['name']}: {jobs[job_id]['state']}"
                            + (f" {notable}" if notable else ""))
+            if fault.tmpfs:  # what the full disk cost the job's log (gandiva.job.output)
+                lost = re.findall(r"\[gandiva: (\d+) bytes of output lost",
+                                  http.get(f"/v1/jobs/{job_id}/logs").text)
+                row.saw.append(f"  log: {sum(map(int, lost))} bytes lost, said {len(lost)}x")
             if kinds.get("restarted"):
                 why = [e["data"] for e in events(http, job_id) if e["kind"] == "restarted"]
                 row.saw.append(f"  restarted: {str(why[0])[:90]}")
