@@ -144,6 +144,7 @@ class Load:
         self.codes: Counter[str] = Counter()
         self.slowest_s = 0.0  # the longest a submission request waited for its answer
         self.ready: list[tuple[float, int, str]] = []  # when, status, problems
+        self.explained: list[tuple[float, int]] = []  # when, status of "why is it pending?"
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._submit, daemon=True),
                          threading.Thread(target=self._readiness, daemon=True)]
@@ -185,6 +186,13 @@ class Load:
                                    "; ".join(r.json().get("problems", []))))
             except httpx2.HTTPError:
                 self.ready.append((time.monotonic(), 0, "no answer"))
+            if self.acked:  # a user asking after their latest job (`gandiva explain`)
+                job_id = next(reversed(self.acked.values()))[0]
+                try:
+                    code = self.http.get(f"/v1/jobs/{job_id}/explain", timeout=5).status_code
+                except httpx2.HTTPError:
+                    code = 0
+                self.explained.append((time.monotonic(), code))
 
     def stop(self) -> None:
         self._stop.set()
@@ -408,6 +416,11 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
             row.saw.append(f"{ahead} jobs stamped as submitted a day ahead")
         row.saw.append("HTTP " + ", ".join(f"{k} x{v}" for k, v in sorted(load.codes.items())))
         row.saw += [f"/readyz 503: {p} (x{n})" for p, n in problems.most_common(2)]
+        asked = Counter("no answer" if code == 0 else str(code) for at, code in load.explained
+                        if started <= at <= ended)
+        if asked:
+            row.saw.append("explain during the fault: "
+                           + ", ".join(f"{k} x{v}" for k, v in sorted(asked.items())))
         for job_id in longs:
             kinds = Counter(e["kind"] for e in events(http, job_id))
             notable = {k: n for k, n in kinds.items()
