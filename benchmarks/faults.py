@@ -108,7 +108,12 @@ def _follow():
         time.sleep(0.1)
 
 
-threading.Thread(target=_follow, daemon=True).start()
+def _start():
+    threading.Thread(target=_follow, daemon=True).start()
+
+
+_start()
+os.register_at_fork(after_in_child=_start)  # (a warm start's job is a fork of the zygote)
 time.time = lambda: _real() + _offset[0]
 """
 STEP_S = 86400.0

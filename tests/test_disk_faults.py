@@ -116,3 +116,17 @@ def test_a_job_s_log_says_what_the_full_disk_lost_once_it_takes_writes_again(tmp
     assert "before" in log and "after" in log and "lost 0" not in log
     lost = int(log.split("[gandiva: ")[1].split(" bytes of output lost")[0])
     assert lost > 1000 * len("lost 999\n") // 2  # the prints, buffered and dropped
+
+
+def test_the_guarded_log_keeps_every_line_in_order_up_to_an_abrupt_end(tmp_path):
+    """Unbuffered as before: stdout and stderr interleave in the order written, and the lines
+    before ``os._exit`` (as the library ends a checkpointed job) are in the log."""
+    script = tmp_path / "abrupt.py"
+    script.write_text("import os, sys\nprint('one')\nprint('two', file=sys.stderr)\n"
+                      "print('three')\nos._exit(0)\n")
+    backend = Driver(make_policy("fifo"), tmp_path / "work", slots=1)
+    backend.submit(JobSpec("abrupt", 0.0, 1, "cnn"), Launch(["{python}", str(script)]))
+    (rec,) = backend.run(timeout=120).jobs
+    log = backend.read_log("abrupt").decode()
+    assert rec.status == "done", log
+    assert log.splitlines()[-3:] == ["one", "two", "three"], log

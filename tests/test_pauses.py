@@ -80,7 +80,7 @@ def test_a_paused_server_is_not_taken_for_a_hung_job_and_acts_once(tmp_path):
 def test_a_job_silent_past_the_hang_limit_is_restarted_said_why_and_counted(
         tmp_path):
     """(That it resumes from its checkpoint: tests/test_runtime.py.)"""
-    with running(tmp_path, args=("--hang-after", "2")) as srv:
+    with running(tmp_path, args=("--hang-after", "5")) as srv:
         http = httpx2.Client(base_url=srv.url, timeout=60,
                              headers={"Authorization": f"Bearer {srv.tokens['alice']}"})
         srv.user_dir("alice").mkdir(parents=True, exist_ok=True)
@@ -91,6 +91,6 @@ def test_a_job_silent_past_the_hang_limit_is_restarted_said_why_and_counted(
               "the job done")
         events = http.get(f"/v1/jobs/{job['id']}/events").json()
         (restarted,) = [e for e in events if e["kind"] == "restarted"]
-        assert "hung: no report from any rank for 2 s" in restarted["data"]["reason"]
+        assert "hung: no report from any rank for 5 s" in restarted["data"]["reason"]
         assert metric(http, "gandiva_jobs_hung_total") == 1
         assert metric(http, "gandiva_job_restarts_total") == 1

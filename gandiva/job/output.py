@@ -5,8 +5,10 @@ safe and it could have finished. Once the disk takes writes again, the log says 
 bytes it lost.
 
 Installed for every Python script the agent starts (``gandiva.job.warm.run``), the job
-library or not. A non-Python command's writes are its own, as are writes below Python (a C
-library's ``fprintf``, which ignores the error)."""
+library or not, and inherited by its forked children. Not covered: a non-Python command,
+an interpreter it spawns (multiprocessing's spawn), writes below Python (a C library's
+``fprintf``, which ignores the error), and a loss the process never writes after (no
+later write carries the note)."""
 
 from __future__ import annotations
 
@@ -25,9 +27,10 @@ REFUSED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 class Tolerant(io.RawIOBase):
     """Writes to ``fd`` that the disk refuses are dropped and counted in ``dropped``."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, name: str | int) -> None:
         super().__init__()
         self.fd = fd
+        self.name = name
         self.dropped = 0  # bytes refused since the last write the disk took
 
     def writable(self) -> bool:
@@ -36,44 +39,52 @@ class Tolerant(io.RawIOBase):
     def fileno(self) -> int:
         return self.fd
 
+    def isatty(self) -> bool:
+        return os.isatty(self.fd)
+
     def write(self, b: ReadableBuffer) -> int:
         data = bytes(b)
-        if self.dropped and not self._write(f"\n[gandiva: {self.dropped} bytes of output "
-                                            "lost: the disk refused them]\n".encode()):
-            self.dropped += len(data)
-            return len(data)
-        self.dropped = 0
-        if not self._write(data):
-            self.dropped += len(data)
+        if self.dropped:  # the disk may take writes again: say what it lost first
+            note = (f"\n[gandiva: {self.dropped} bytes of output lost: the disk refused "
+                    "them]\n").encode()
+            if self._write(note) < len(note):
+                self.dropped += len(data)
+                return len(data)
+            self.dropped = 0
+        self.dropped += len(data) - self._write(data)
         return len(data)
 
-    def _write(self, data: bytes) -> bool:
-        """Write all of ``data``; False if the disk refused (part of it may be written)."""
-        view = memoryview(data)
-        while view:
+    def _write(self, data: bytes) -> int:
+        """Write ``data``; how much of it the disk took before it refused the rest."""
+        view, done = memoryview(data), 0
+        while done < len(data):
             try:
-                view = view[os.write(self.fd, view):]
+                done += os.write(self.fd, view[done:])
             except OSError as err:
                 if err.errno not in REFUSED:
                     raise
-                return False
-        return True
+                break
+        return done
 
 
 def install() -> None:
     """Route ``sys.stdout`` and ``sys.stderr`` through ``Tolerant`` writers on the same
-    file descriptors, buffered as they were."""
+    file descriptors, buffered as they were: unbuffered under ``PYTHONUNBUFFERED`` (as the
+    agent starts every job, so that a log shows each line as it is written, in order, and
+    keeps the last lines of a process killed or ended by ``os._exit``)."""
     for name in ("stdout", "stderr"):
         old = getattr(sys, name)
-        if old is None or isinstance(getattr(getattr(old, "buffer", None), "raw", None),
-                                     Tolerant):
+        buffer = getattr(old, "buffer", None)
+        if old is None or isinstance(getattr(buffer, "raw", buffer), Tolerant):
             continue  # (none, or installed already)
         try:
             old.flush()
         except OSError:
             pass  # what it held is lost, as it would be
-        new = io.TextIOWrapper(io.BufferedWriter(Tolerant(old.fileno())),
-                               encoding=old.encoding, errors=old.errors,
-                               line_buffering=old.line_buffering,
-                               write_through=getattr(old, "write_through", False))
-        setattr(sys, name, new)
+        raw = Tolerant(old.fileno(), getattr(old, "name", old.fileno()))
+        layer: io.RawIOBase | io.BufferedWriter = (
+            io.BufferedWriter(raw) if isinstance(buffer, io.BufferedWriter) else raw)
+        setattr(sys, name, io.TextIOWrapper(
+            layer, encoding=old.encoding, errors=old.errors,
+            line_buffering=old.line_buffering,
+            write_through=getattr(old, "write_through", False)))
