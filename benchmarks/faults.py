@@ -46,7 +46,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -57,13 +57,15 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the tests' server and PostgreSQL helpers
 import pgcluster  # noqa: E402
-from serving import running  # noqa: E402
+from serving import metric, running  # noqa: E402
+from waiting import until  # noqa: E402
 
 SUBMIT_EVERY_S = 0.5
 WARM_S = 5.0
 AFTER_S = 10.0
 DRAIN_S = 180.0  # every acknowledged job ends within this after the load stops
 REQUEST_TIMEOUT_S = 30.0  # a request unanswered this long counts as a failed connection
+ASK_EVERY_S = 0.5  # how often the benchmark asks the server whether what it waits for came
 console = Console(width=200)
 VERBOSE = False
 
@@ -357,8 +359,8 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
         load = Load(srv.url, token, command)
         time.sleep(WARM_S)
         if longs:  # each long job has written a checkpoint before the fault
-            wait_for(lambda: all(checkpoints(srv.home, j) for j in longs), 60,
-                     "a checkpoint of each long job")
+            until(lambda: all(checkpoints(srv.home, j) for j in longs), 60,
+                  "a checkpoint of each long job", every=ASK_EVERY_S)
         started = time.monotonic()
         if fault.name.startswith("db-away"):
             with db_away(db, url, cluster) as how:
@@ -372,8 +374,8 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
                 time.sleep(fault.length_s)
         elif fault.name == "rank-hung":
             how = "a rank sleeps at step 100 without reporting"
-            wait_for(lambda: any(e["kind"] == "restarted" for e in events(http, longs[0])),
-                     120, "the hung job restarted")
+            until(lambda: any(e["kind"] == "restarted" for e in events(http, longs[0])),
+                  120, "the hung job restarted", every=ASK_EVERY_S)
             hung_at = (srv.user_dir("ops") / "hung-once").stat().st_mtime
             row.detected_s = first_at(http, longs[0], "restarted") - hung_at
         elif fault.name.startswith("disk-full"):
@@ -383,9 +385,9 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
             how = "the Ray node agent of a long job SIGSTOPped until its node is lost"
             stopped_at = time.time()
             with paused(agent_of(srv.home, longs[0])):
-                wait_for(lambda: any(e["kind"] == "node-lost"
-                                     for e in events(http, longs[0])), 180,
-                         "the silent node's job restarted")
+                until(lambda: any(e["kind"] == "node-lost"
+                                  for e in events(http, longs[0])), 180,
+                      "the silent node's job restarted", every=ASK_EVERY_S)
             row.detected_s = first_at(http, longs[0], "node-lost") - stopped_at
         elif fault.clock:
             how = f"the wall clock stepped {STEP_S:g} s ahead, {fault.length_s:g} s later back"
@@ -399,7 +401,7 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
         ended = time.monotonic()
         time.sleep(AFTER_S)
         load.stop()
-        wait_for(lambda: all_ended(http), DRAIN_S, "every job ended")
+        until(lambda: all_ended(http), DRAIN_S, "every job ended", every=ASK_EVERY_S)
         jobs = {j["id"]: j for j in http.get("/v1/jobs", params={"limit": 1000}).json()}
         row.acked = len(load.acked)
         row.lost = sum(1 for job_id, _ in load.acked.values() if job_id not in jobs)
@@ -461,21 +463,6 @@ def first_at(http, job_id: str, kind: str) -> float:
 def all_ended(http) -> bool:
     jobs = http.get("/v1/jobs", params={"limit": 1000}).json()
     return all(j["state"] in ("done", "failed", "cancelled") for j in jobs)
-
-
-def metric(http, name: str) -> float:
-    for line in http.get("/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return float("nan")
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout:g} s")
-        time.sleep(0.5)
 
 
 def main() -> None:

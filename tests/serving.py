@@ -80,6 +80,14 @@ def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str | None 
         stop(proc)
 
 
+def metric(http, name: str) -> float:
+    """A metric's value from the server's /metrics (NaN if it has none of that name)."""
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return float("nan")
+
+
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
     """Ask ``proc`` to end with ``sig``; SIGKILL if it has not within ``timeout`` s."""
     proc.send_signal(sig)

@@ -10,7 +10,7 @@ import threading
 import time
 
 import httpx2
-from serving import running
+from serving import metric, running
 from waiting import until
 
 STEADY = """\
@@ -36,10 +36,15 @@ for step in job.steps(150):
 """
 
 
-def metric(http: httpx2.Client, name: str) -> float:
-    line = next(line for line in http.get("/metrics").text.splitlines()
-                if line.startswith(name + " "))
-    return float(line.split()[1])
+def submitted(srv, script: str, source: str) -> tuple[httpx2.Client, dict]:
+    """alice's client, and the job running her ``script`` (written with ``source``)."""
+    http = httpx2.Client(base_url=srv.url, timeout=60,
+                         headers={"Authorization": f"Bearer {srv.tokens['alice']}"})
+    srv.user_dir("alice").mkdir(parents=True, exist_ok=True)
+    (srv.user_dir("alice") / script).write_text(source)
+    job = http.post("/v1/jobs", json={"name": script.removesuffix(".py"),
+                                      "command": ["python", script]}).json()
+    return http, job
 
 
 def test_a_paused_server_is_not_taken_for_a_hung_job_and_acts_once(tmp_path):
@@ -47,12 +52,7 @@ def test_a_paused_server_is_not_taken_for_a_hung_job_and_acts_once(tmp_path):
     continued, it reads the job's reports and does not restart it; a submission sent during
     the pause is answered once the server runs again, and its job runs once."""
     with running(tmp_path, args=("--hang-after", "2", "--checkpoint-every", "1")) as srv:
-        http = httpx2.Client(base_url=srv.url, timeout=60,
-                             headers={"Authorization": f"Bearer {srv.tokens['alice']}"})
-        srv.user_dir("alice").mkdir(parents=True, exist_ok=True)
-        (srv.user_dir("alice") / "steady.py").write_text(STEADY)
-        job = http.post("/v1/jobs", json={"name": "steady", "command": ["python",
-                                                                        "steady.py"]}).json()
+        http, job = submitted(srv, "steady.py", STEADY)
         until(lambda: http.get(f"/v1/jobs/{job['id']}").json()["steps"] > 20, 60,
               "the job training")
         answered = {}
@@ -81,12 +81,7 @@ def test_a_job_silent_past_the_hang_limit_is_restarted_said_why_and_counted(
         tmp_path):
     """(That it resumes from its checkpoint: tests/test_runtime.py.)"""
     with running(tmp_path, args=("--hang-after", "5")) as srv:
-        http = httpx2.Client(base_url=srv.url, timeout=60,
-                             headers={"Authorization": f"Bearer {srv.tokens['alice']}"})
-        srv.user_dir("alice").mkdir(parents=True, exist_ok=True)
-        (srv.user_dir("alice") / "hangs.py").write_text(HANGS_ONCE)
-        job = http.post("/v1/jobs", json={"name": "hangs", "command": ["python",
-                                                                       "hangs.py"]}).json()
+        http, job = submitted(srv, "hangs.py", HANGS_ONCE)
         until(lambda: http.get(f"/v1/jobs/{job['id']}").json()["state"] == "done", 120,
               "the job done")
         events = http.get(f"/v1/jobs/{job['id']}/events").json()

@@ -60,6 +60,7 @@ EXIT_GRACE_S = 60.0
 # rank of its gang there) and is killed and restarted from its checkpoint, as after a crash.
 # Ten minutes: far above a mini-batch, below the hours a hung gang held its GPUs.
 HANG_S = 600.0
+HUNG = "hung:"  # how a hung job's reason begins (the server counts them by it)
 AWAY_S = 1.0  # the reader looks every 0.05 s: a longer gap means this process was stopped
 # What processes suspended by the library may keep of one GPU together (NVML's count): half
 # of the GPU's headroom (node.devices.HEADROOM), which no job's profile counts on (8 GB of
@@ -730,7 +731,7 @@ class Agent:
             r.exit = r.proc.wait()
         self._drop(job)
         if hung:
-            why = (f"hung: no report from any rank for {self.hang_s:g} s (a rank stuck in a "
+            why = (f"{HUNG} no report from any rank for {self.hang_s:g} s (a rank stuck in a "
                    "collective, or a loop without boundaries); killed")
             self._log(job, why)
         else:

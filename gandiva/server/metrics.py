@@ -39,6 +39,7 @@ from prometheus_client.core import GaugeMetricFamily
 from gandiva import actions as A
 from gandiva import events as E
 from gandiva.backends.driver import Driver, Observer, named
+from gandiva.node.agent import HUNG
 from gandiva.spec import TERMINAL, JobState
 
 # from sub-millisecond decisions to checkpoints of large models
@@ -166,7 +167,7 @@ class Metrics(Observer):
 
     def changed(self, what: str, state: str | None, reason: str | None = None) -> None:
         """A job's transition, as the server stores it."""
-        if what in ("restarted", "failed") and (reason or "").startswith("hung:"):
+        if what in ("restarted", "failed") and (reason or "").startswith(HUNG):
             self.hung.inc()
         if what == "restarted":
             self.restarts.inc()
