@@ -24,7 +24,7 @@ from gandiva import cli_jobs, cli_sweeps
 app = typer.Typer(help="gandiva: a scheduler for deep-learning jobs on shared GPU clusters.",
                   no_args_is_help=True, add_completion=False)
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # a path in an error stays whole, to copy
 
 PROGRESS_AFTER_S = 2.0  # show a progress bar only for runs that last longer than this
 

@@ -20,7 +20,7 @@ from gandiva.server.jobspec import SpecError, parse
 from gandiva.spec import TERMINAL, JobState
 
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # a path in an error stays whole, to copy
 
 Url = Annotated[str | None, typer.Option("--url", help="Server URL (else GANDIVA_URL, the "
                                          "config file, http://127.0.0.1:8080)")]

@@ -194,10 +194,13 @@ def test_unknown_model_in_a_trace_exits_2_and_writes_nothing(tmp_path):
 
 
 def test_unknown_model_message_names_file_job_and_field(tmp_path):
-    trace = write(tmp_path / "models.csv", HEADER + "a,0,1,100,resnet50\nb,5,1,100,nosuchmodel\n")
-    message = flat(invoke("simulate", trace).stderr)
+    # a path longer than a terminal line (pytest-xdist's are) is printed whole, to copy
+    where = tmp_path / ("long-folder-name-" * 6)
+    where.mkdir()
+    trace = write(where / "models.csv", HEADER + "a,0,1,100,resnet50\nb,5,1,100,nosuchmodel\n")
+    message = invoke("simulate", trace).stderr
     assert "'nosuchmodel'" in message
-    assert "models.csv" in message and "job 'b', field 'model'" in message
+    assert f"{trace}: job 'b', field 'model'" in message
 
 
 @pytest.mark.parametrize("case", ["policy", "csv"])
