@@ -39,6 +39,21 @@ def make_trace():
 
 
 @pytest.fixture(scope="session")
+def zygote(tmp_path_factory):
+    """One warm zygote for the session's agents (``Agent(..., zygote=zygote)``): torch is
+    imported once, not once per test, and no job starts cold while its agent's zygote
+    imports. Tests of the zygote itself, and of cold starts, make their own."""
+    from waiting import until
+
+    from gandiva.node.agent import start_zygote
+
+    z = start_zygote(tmp_path_factory.mktemp("zygote"))
+    until(lambda: z.ready, what="the session's zygote to be ready")
+    yield z
+    z.close()
+
+
+@pytest.fixture(scope="session")
 def postgres():
     """A throw-away PostgreSQL cluster for the whole session, started on first use.
 

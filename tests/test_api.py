@@ -24,10 +24,10 @@ SLICING = "slicer:quantum=1"
 
 
 @pytest.fixture(params=[SLICING])
-def server(tmp_path, request):
+def server(zygote, tmp_path, request):
     store = Store(str(tmp_path / "gandiva.db"))
     backend = Driver(make_policy(request.param), tmp_path / "work", slots=2,
-                           feedback_steps=20)
+                           feedback_steps=20, zygote=zygote)
     service = Service(store, backend, tmp_path / "base")
     loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
     loop.start()

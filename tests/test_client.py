@@ -20,6 +20,9 @@ from gandiva.client import Client, Settings  # noqa: E402
 CNN = Path(__file__).resolve().parents[1] / "examples" / "cnn.py"
 
 
+pytestmark = pytest.mark.xdist_group("client")  # one server for the file, on one worker
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     home = tmp_path_factory.mktemp("client") / "home"

@@ -13,8 +13,8 @@ from gandiva.spec import JobSpec
 
 
 def test_a_wall_clock_stepped_a_day_ahead_mid_run_stops_no_job_for_its_time_limit(
-        tmp_path, monkeypatch):
-    backend = Driver(make_policy("fifo"), tmp_path, slots=1)
+        zygote, tmp_path, monkeypatch):
+    backend = Driver(make_policy("fifo"), tmp_path, slots=1, zygote=zygote)
     backend.submit(JobSpec("sleeps", 0.0, 1, "cnn"), Launch(["sleep", "2"]), time_limit=30)
     backend.submit(JobSpec("limited", 0.0, 1, "cnn"), Launch(["sleep", "60"]), time_limit=1)
     real = time.time

@@ -32,7 +32,9 @@ STEPS = 20_000  # longer than the tests; the server stops the jobs when it stops
 TIME_SLICING = "slicer:quantum=3"
 PACKING = "slicer:quantum=3:pack"
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no {CHROMIUM}")
+# one server and one browser for the file, on one worker
+pytestmark = [pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no {CHROMIUM}"),
+              pytest.mark.xdist_group("dashboard")]
 
 
 @dataclass

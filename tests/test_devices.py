@@ -36,11 +36,11 @@ def records(out: Path, event: str | None = None) -> list[dict]:
 
 
 @pytest.fixture
-def gpu_agent(tmp_path, monkeypatch):
+def gpu_agent(zygote, tmp_path, monkeypatch):
     """Three GPUs as a node under Slurm sees them: the agent was given 4,5,7 of the machine."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,7")
     a = Agent(tmp_path / "agent", ["cuda:0", "cuda:1", "cuda:2"], checkpoint_every_s=1e9,
-              cpu_backed=True, memory_gb=10.0)
+              cpu_backed=True, memory_gb=10.0, zygote=zygote)
     yield a
     a.close()
 
@@ -73,10 +73,10 @@ def test_a_one_gpu_job_sees_its_gpu_alone_as_cuda_0_with_no_torchrun_variables(
 
 
 def test_a_gangs_ranks_see_the_jobs_gpus_in_local_rank_order_as_torchrun_would(
-        tmp_path, monkeypatch):
+        zygote, tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(UUIDS))
     agent = Agent(tmp_path / "agent", ["cuda:0", "cuda:1", "cuda:2"], checkpoint_every_s=1e9,
-                  cpu_backed=True)
+                  cpu_backed=True, zygote=zygote)
     try:
         out = tmp_path / "gang.jsonl"
         agent.start("g", probe(out, 20), (2, 0))
@@ -203,11 +203,11 @@ def test_the_old_import_still_works_and_names_the_new_one():
 
 
 def test_a_gang_whose_suspended_ranks_still_hold_too_much_is_checkpointed_and_stopped(
-        tmp_path):
+        zygote, tmp_path):
     # the stand-in GPUs say each suspended rank still holds 2 GB (NVML's part on a GPU:
     # NCCL communicators, say), more than the 1 GB a suspended process may keep
     agent = Agent(tmp_path / "agent", ["cuda:0", "cuda:1"], checkpoint_every_s=1e9,
-                  cpu_backed=True)
+                  cpu_backed=True, zygote=zygote)
     out = tmp_path / "g.jsonl"
     try:
         agent.start("g", Launch(["{python}", str(PROBE), str(out), "300"],

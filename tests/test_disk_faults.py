@@ -16,6 +16,7 @@ from pathlib import Path
 from gandiva.backends.driver import Driver, JobRecord
 from gandiva.job import checkpoint
 from gandiva.node.agent import Launch
+from gandiva.node.zygote import Zygote
 from gandiva.policies import make_policy
 from gandiva.spec import JobSpec
 
@@ -75,12 +76,12 @@ def test_a_checkpoint_directory_removed_mid_run_is_made_again(tmp_path):
     assert "trained to 30" in proc.stdout and "not written" in proc.stderr
 
 
-def run_alone(tmp_path: Path, name: str, source: str) -> tuple[JobRecord, str]:
+def run_alone(zygote: Zygote, tmp_path: Path, name: str, source: str) -> tuple[JobRecord, str]:
     """The script ``source`` run as the only job of a driver on one slot: its record and
     its log."""
     script = tmp_path / f"{name}.py"
     script.write_text(source)
-    backend = Driver(make_policy("fifo"), tmp_path / "work", slots=1)
+    backend = Driver(make_policy("fifo"), tmp_path / "work", slots=1, zygote=zygote)
     backend.submit(JobSpec(name, 0.0, 1, "cnn"), Launch(["{python}", str(script)]))
     (rec,) = backend.run(timeout=120).jobs
     return rec, backend.read_log(name).decode()
@@ -114,20 +115,20 @@ def test_output_the_disk_refuses_is_dropped_and_the_job_ends_well(tmp_path):
     assert guarded.returncode == 0, guarded.stderr
 
 
-def test_a_job_s_log_says_what_the_full_disk_lost_once_it_takes_writes_again(tmp_path):
+def test_a_job_s_log_says_what_the_full_disk_lost_once_it_takes_writes_again(zygote, tmp_path):
     """A job the agent runs, its log's disk full for a while (its file-size limit): the job
     ends done, and its log has what came before and after, and how much was lost."""
-    rec, log = run_alone(tmp_path, "chatty", CHATTY)
+    rec, log = run_alone(zygote, tmp_path, "chatty", CHATTY)
     assert rec.status == "done", log
     assert "before" in log and "after" in log and "lost 0" not in log
     lost = int(log.split("[gandiva: ")[1].split(" bytes of output lost")[0])
     assert lost > 1000 * len("lost 999\n") // 2  # the prints, buffered and dropped
 
 
-def test_the_guarded_log_keeps_every_line_in_order_up_to_an_abrupt_end(tmp_path):
+def test_the_guarded_log_keeps_every_line_in_order_up_to_an_abrupt_end(zygote, tmp_path):
     """Unbuffered as before: stdout and stderr interleave in the order written, and the lines
     before ``os._exit`` (as the library ends a checkpointed job) are in the log."""
-    rec, log = run_alone(tmp_path, "abrupt", "import os, sys\nprint('one')\n"
+    rec, log = run_alone(zygote, tmp_path, "abrupt", "import os, sys\nprint('one')\n"
                          "print('two', file=sys.stderr)\nprint('three')\nos._exit(0)\n")
     assert rec.status == "done", log
     assert log.splitlines()[-3:] == ["one", "two", "three"], log

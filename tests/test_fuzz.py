@@ -104,6 +104,9 @@ def build_world(tmp: Path, db_url: str, fuzzer: str, db: str) -> World:
     return world
 
 
+pytestmark = pytest.mark.xdist_group("fuzz")  # its three servers made once, on one worker
+
+
 @pytest.fixture(scope="module", params=[("ada", "sqlite"), ("root", "sqlite"),
                                         ("ada", "postgresql")],
                 ids=lambda p: "-".join(p))

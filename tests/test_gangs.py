@@ -24,17 +24,15 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 JOB_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # what the agent gives every job
 
 
-def warm_agent(tmp_path: Path, devices: int) -> Agent:
-    agent = Agent(tmp_path / "agent", [f"cpu:{d}" for d in range(devices)],
-                  checkpoint_every_s=1e9, max_restarts=0)
-    until(agent.warm_ready, 60, "the zygote to be ready")
-    return agent
+def warm_agent(zygote: Zygote, tmp_path: Path, devices: int) -> Agent:
+    return Agent(tmp_path / "agent", [f"cpu:{d}" for d in range(devices)],
+                 checkpoint_every_s=1e9, max_restarts=0, zygote=zygote)
 
 
-def test_an_unmodified_ddp_gang_time_sliced_by_signals_ends_done(tmp_path):
+def test_an_unmodified_ddp_gang_time_sliced_by_signals_ends_done(zygote, tmp_path):
     """Both ranks of a warm-started torchrun script that never calls destroy_process_group
     exit 0 after several SIGSTOP/SIGCONT turns."""
-    agent = warm_agent(tmp_path, 2)
+    agent = warm_agent(zygote, tmp_path, 2)
     try:
         agent.start("g", Launch(["{python}", str(EXAMPLES / "ddp_plain.py"), "--steps", "400"]),
                     (0, 1))
@@ -59,7 +57,7 @@ def test_an_unmodified_ddp_gang_time_sliced_by_signals_ends_done(tmp_path):
 
 
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
-def test_a_script_s_groups_are_destroyed_after_atexit_before_shutdown(tmp_path, warm):
+def test_a_script_s_groups_are_destroyed_after_atexit_before_shutdown(zygote, tmp_path, warm):
     """What the script leaves, its process (a fork of the zygote, or a cold start through
     ``gandiva.job.warm --cold``) destroys after the script's atexit handlers and before the
     interpreter finalizes (when gloo's threads could no longer take the GIL)."""
@@ -79,7 +77,7 @@ def test_a_script_s_groups_are_destroyed_after_atexit_before_shutdown(tmp_path, 
         "dist.all_reduce(t)  # a collective from Python, left behind\n"
         "atexit.register(lambda: out.write(f'atexit {dist.is_initialized()}\\n'))\n"
         "sys.exit(0)\n")
-    agent = (warm_agent(tmp_path, 1) if warm else
+    agent = (warm_agent(zygote, tmp_path, 1) if warm else
              Agent(tmp_path / "agent", ["cpu:0"], checkpoint_every_s=1e9, max_restarts=0,
                    warm=False))
     try:
@@ -136,13 +134,13 @@ def test_the_zygote_starts_with_the_jobs_environment_and_a_fork_sizes_torch_s_po
         zygote.close()
 
 
-def test_a_job_whose_environment_acts_at_start_up_starts_cold(tmp_path):
+def test_a_job_whose_environment_acts_at_start_up_starts_cold(zygote, tmp_path):
     out = tmp_path / "facts.txt"
     script = tmp_path / "facts.py"
     script.write_text("import os, sys\n"
                       "facts = f'{os.getppid()} {\"torch\" in sys.modules}'\n"
                       "open(sys.argv[1], 'a').write(facts + '\\n')\n")
-    agent = warm_agent(tmp_path, 1)
+    agent = warm_agent(zygote, tmp_path, 1)
     try:
         agent.start("warm", Launch(["{python}", str(script), str(out)]), (0,))
         wait_for(agent, "done", "warm")

@@ -146,14 +146,14 @@ def script_checkpoints(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.glob("checkpoint-*"))
 
 
-def test_save_strategies_best_and_no_keep_their_saves_and_gandivas_moves_complete(tmp_path):
+def test_save_strategies_best_and_no_keep_their_saves_and_gandivas_moves_complete(zygote, tmp_path):
     """"best" evaluates every 2 steps and saves only a new best (it overwrites
     ``control.should_save``); a move must still get its checkpoint, the script's
     ``output_dir`` must hold what it holds alone, and the end must be bit-identical."""
     common = ["--max-steps", "150", "--examples", "512", "--batch", "8", "--eval-steps", "2",
               "--eval-examples", "16", "--seed", "3"]
     runs = {s: [*common, "--save-strategy", s] for s in ("best", "no")}
-    agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=1e9)
+    agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=1e9, zygote=zygote)
     events = Events(agent)
     try:
         for slot, (name, args) in enumerate(runs.items()):
@@ -243,7 +243,7 @@ def samples_by_step(prefix: Path) -> dict[int, list[int]]:
     return {step: sorted(index) for step, index in seen.items()}
 
 
-def test_resized_job_trains_every_step_on_the_samples_it_would_have_alone(tmp_path):
+def test_resized_job_trains_every_step_on_the_samples_it_would_have_alone(zygote, tmp_path):
     """Checkpointed at width 2 (DDP over gloo), resumed at width 1, then at 2 again: each
     optimizer step trains on the same samples as the run at width 2 alone (none repeated,
     none skipped, across epochs), and the weights agree to rounding (no dropout: its masks
@@ -253,7 +253,7 @@ def test_resized_job_trains_every_step_on_the_samples_it_would_have_alone(tmp_pa
     # 20 optimizer steps an epoch (global batch 16), eight epochs
     args = ["--max-steps", "160", "--examples", "320", "--batch", "8", "--dropout", "0",
             "--seed", "5"]
-    agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=1e9)
+    agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=1e9, zygote=zygote)
     events = Events(agent)
     try:
         agent.start("r", Launch(["{python}", str(script), *args, str(tmp_path / "run")]),

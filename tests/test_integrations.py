@@ -27,6 +27,7 @@ from waiting import trains, until  # noqa: E402
 
 from gandiva.job import checkpoint  # noqa: E402
 from gandiva.node.agent import Agent, Launch  # noqa: E402
+from gandiva.node.zygote import Zygote  # noqa: E402
 
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
@@ -64,8 +65,8 @@ def assert_same_training(a: dict, b: dict, keys: tuple[str, ...]) -> None:
                 assert fa[k] == fb[k], f"{key}.{k} differs"
 
 
-def run_time_sliced(tmp: Path, launches: dict[str, Launch], crash: str, spec_model: str,
-                    last_step: int):
+def run_time_sliced(zygote: Zygote, tmp: Path, launches: dict[str, Launch], crash: str,
+                    spec_model: str, last_step: int):
     """Run ``launches`` (more jobs than the 2 slots) in turns of a second (``slicer``), with
     periodic checkpoints; kill job ``crash``'s process once it has checkpointed before its
     ``last_step``, so it restarts from that checkpoint with work left. The backend's result."""
@@ -75,7 +76,7 @@ def run_time_sliced(tmp: Path, launches: dict[str, Launch], crash: str, spec_mod
     from gandiva.spec import JobSpec
 
     backend = Driver(make_policy("slicer:quantum=1"), tmp / "run", slots=2,
-                     checkpoint_every_s=0.5, feedback_steps=10)
+                     checkpoint_every_s=0.5, feedback_steps=10, zygote=zygote)
     for jid, launch in launches.items():
         backend.submit(JobSpec(jid, 0.0, 1, spec_model), launch)
     killed: list[int] = []
@@ -107,12 +108,12 @@ def run_time_sliced(tmp: Path, launches: dict[str, Launch], crash: str, spec_mod
 
 # ---- torchrun DDP: a script that makes its own process group -------------------------------
 
-def test_torchrun_ddp_script_runs_as_one_gang_time_sliced_and_ends_bit_identical(tmp_path):
+def test_torchrun_ddp_script_runs_as_one_gang_time_sliced_and_ends_bit_identical(zygote, tmp_path):
     script, args = str(EXAMPLES / "ddp.py"), ["--steps", "800", "--seed", "4"]
     # the reference: the same script launched by torchrun itself, no gandiva
     ref = standalone(tmp_path, [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                 "--nproc-per-node=2", script, *args])
-    agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=1e9)
+    agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=1e9, zygote=zygote)
     try:
         agent.start("d", Launch(["torchrun", "--nproc-per-node=2", script, *args]), (0, 1))
         assert started(agent, "d").restored is None
@@ -133,7 +134,7 @@ def test_torchrun_ddp_script_runs_as_one_gang_time_sliced_and_ends_bit_identical
         agent.close()
 
 
-def test_ranks_get_torchruns_whole_environment_and_meet_at_the_agents_store(tmp_path):
+def test_ranks_get_torchruns_whole_environment_and_meet_at_the_agents_store(zygote, tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text(
         "import json, os, sys\n"
@@ -144,7 +145,7 @@ def test_ranks_get_torchruns_whole_environment_and_meet_at_the_agents_store(tmp_
         "        'TORCHELASTIC_RESTART_COUNT', 'TORCHELASTIC_USE_AGENT_STORE']\n"
         "print(json.dumps({k: os.environ.get(k) for k in keys}))\n"
         "dist.barrier()\n")
-    agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"])
+    agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], zygote=zygote)
     try:
         agent.start("p", Launch(["torchrun", "--nproc-per-node", "2", str(probe)]), (0, 1))
         wait_for(agent, "done", "p")
@@ -185,14 +186,14 @@ def test_torchrun_commands_are_unwrapped_and_a_conflicting_width_is_refused():
 
 # ---- PyTorch Lightning: an unmodified script ---------------------------------------------
 
-def test_unmodified_lightning_script_time_sliced_restarted_ends_bit_identical(tmp_path):
+def test_unmodified_lightning_script_time_sliced_restarted_ends_bit_identical(zygote, tmp_path):
     pytest.importorskip("lightning.pytorch", reason="pip install -e '.[integrations]'")
     script = str(EXAMPLES / "lightning_mlp.py")
     # 1,200 mini-batches: about 2 s of running on a fast core, so that the job is seen running
     # between its first periodic checkpoint and its end (at 360 it ended inside that window on CI)
     runs = {f"l{i}": ["--epochs", "3", "--batches", "400", "--seed", str(i)] for i in range(3)}
     backend, result = run_time_sliced(
-        tmp_path, {j: Launch(["{python}", script, *a]) for j, a in runs.items()},
+        zygote, tmp_path, {j: Launch(["{python}", script, *a]) for j, a in runs.items()},
         crash="l0", spec_model="mlp", last_step=1200)
     refs = standalone_all(tmp_path, {j: [sys.executable, script, *a] for j, a in runs.items()})
     for jid, ref in refs.items():
@@ -206,12 +207,12 @@ def test_unmodified_lightning_script_time_sliced_restarted_ends_bit_identical(tm
 
 # ---- Hugging Face Trainer: one changed line -------------------------------------------
 
-def test_hf_trainer_script_time_sliced_restarted_ends_bit_identical(tmp_path):
+def test_hf_trainer_script_time_sliced_restarted_ends_bit_identical(zygote, tmp_path):
     pytest.importorskip("transformers", reason="pip install -e '.[integrations]'")
     script = str(EXAMPLES / "hf_bert.py")
     runs = {f"h{i}": ["--max-steps", "400", "--seed", str(i)] for i in range(3)}
     backend, result = run_time_sliced(
-        tmp_path, {j: Launch(["{python}", script, *a]) for j, a in runs.items()},
+        zygote, tmp_path, {j: Launch(["{python}", script, *a]) for j, a in runs.items()},
         crash="h0", spec_model="bert", last_step=400)
     from test_hf import hf_training, run_alone  # a Trainer's checkpoint is a tar, not a dict
 

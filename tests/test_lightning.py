@@ -26,7 +26,7 @@ BATCHES, ACCUMULATE, STEPS = 64, 2, 96
 SCRIPTS = {"pytorch_lightning": "pl_shuffled.py", "lightning.pytorch": "lightning_shuffled.py"}
 
 
-def test_shuffled_dropout_accumulating_scripts_held_mid_epoch_end_bit_identical(tmp_path):
+def test_shuffled_dropout_accumulating_scripts_held_mid_epoch_end_bit_identical(zygote, tmp_path):
     for package in SCRIPTS:
         pytest.importorskip(package, reason="pip install -e '.[integrations]'")
     launches = {p: Launch(["{python}", str(EXAMPLES / s), *ARGS]) for p, s in SCRIPTS.items()}
@@ -34,7 +34,7 @@ def test_shuffled_dropout_accumulating_scripts_held_mid_epoch_end_bit_identical(
     references = threading.Thread(target=lambda: alone.update(standalone_all(
         tmp_path, {p: [sys.executable, str(EXAMPLES / s), *ARGS] for p, s in SCRIPTS.items()})))
     references.start()
-    agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=1e9)
+    agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=1e9, zygote=zygote)
     held, logs, backlog = {}, {}, []
     try:
         for slot, (package, launch) in enumerate(launches.items()):
@@ -119,10 +119,10 @@ def test_a_resumed_epoch_draws_the_same_order_and_loads_only_the_batches_left():
             assert [b.tolist() for b in loader] != whole
 
 
-def test_a_suspend_during_validation_is_obeyed_at_a_validation_batch(tmp_path):
+def test_a_suspend_during_validation_is_obeyed_at_a_validation_batch(zygote, tmp_path):
     pytest.importorskip("lightning.pytorch", reason="pip install -e '.[integrations]'")
     # its sanity check runs its whole validation first: 150 batches of 20 ms, 3 s
-    agent = Agent(tmp_path / "agent", ["cpu:0"], checkpoint_every_s=1e9)
+    agent = Agent(tmp_path / "agent", ["cpu:0"], checkpoint_every_s=1e9, zygote=zygote)
     try:
         agent.start("v", Launch(["{python}", str(EXAMPLES / "lightning_shuffled.py"),
                                  "--epochs", "1", "--samples", "2400", "--val-batches",

@@ -27,10 +27,10 @@ BODY_LIMIT = 64 * 1024
 
 
 @pytest.fixture
-def api(tmp_path):
+def api(zygote, tmp_path):
     store = Store(str(tmp_path / "gandiva.db"))
     # every device held by a job that never ends: what the tests submit stays queued
-    backend = Driver(make_policy("fifo"), tmp_path / "work", slots=1)
+    backend = Driver(make_policy("fifo"), tmp_path / "work", slots=1, zygote=zygote)
     service = Service(store, backend, tmp_path / "base", max_unfinished_per_user=30)
     loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
     loop.start()

@@ -57,9 +57,9 @@ class Server:
     """A server's parts in this process: the store, a fifo loop on one slot, the service;
     ``reported`` is every job change in the order the loop reported it."""
 
-    def __init__(self, tmp: Path, db_url: str) -> None:
+    def __init__(self, tmp: Path, db_url: str, zygote) -> None:
         self.store = Store(db_url)
-        self.backend = Driver(make_policy("fifo"), tmp / "work", slots=1)
+        self.backend = Driver(make_policy("fifo"), tmp / "work", slots=1, zygote=zygote)
         self.service = Service(self.store, self.backend, tmp / "base")
         self.reported: list[tuple[str, str]] = []
         stores = self.backend.on_change
@@ -112,8 +112,8 @@ class Server:
 
 
 @pytest.fixture
-def server(tmp_path, db_url):
-    srv = Server(tmp_path, db_url)
+def server(zygote, tmp_path, db_url):
+    srv = Server(tmp_path, db_url, zygote)
     yield srv
     srv.stop()
     srv.service.close(timeout=10)
@@ -173,14 +173,14 @@ def test_a_request_the_database_cannot_take_is_answered_503_and_a_retry_makes_on
 
 
 def test_a_hung_database_holds_no_request_and_no_decision_and_nothing_is_lost(
-        postgres, tmp_path, monkeypatch):
+        zygote, postgres, tmp_path, monkeypatch):
     """PostgreSQL frozen (every process SIGSTOPped: connections open, nothing answers): the
     loop decides on, /readyz says the store does not answer within its probe time, a
     submission is answered 503 once its stuck connection is cut (STUCK_S) rather than
     waiting for the database; thawed, the retry makes the job and every change the loop
     reported is stored in order."""
     monkeypatch.setattr(store_module, "STUCK_S", 3.0)
-    srv = Server(tmp_path, postgres.create_database())
+    srv = Server(tmp_path, postgres.create_database(), zygote)
     try:
         client, auth = srv.client("bea")
         body = {"name": "during", "command": ["true"], "submission_id": "bea-frozen"}

@@ -27,7 +27,8 @@ from gandiva.node.agent import Launch  # noqa: E402
 from gandiva.policies import make_policy  # noqa: E402
 from gandiva.spec import JobSpec  # noqa: E402
 
-pytestmark = pytest.mark.timeout(600)
+# one cluster for the file, on one worker: it takes the whole machine
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("ray")]
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 RAY_ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 # about a minute: outside the default run (-m "not slow"); run it with -m slow
-pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow,
+              pytest.mark.xdist_group("ray")]  # never beside test_ray's cluster
 
 
 def test_the_readme_workload_on_a_ray_cluster(tmp_path):

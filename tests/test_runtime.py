@@ -68,8 +68,8 @@ wait_for = node_event  # (the name the other runtime tests import)
 
 
 @pytest.fixture
-def agent(tmp_path):
-    a = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=1e9)
+def agent(zygote, tmp_path):
+    a = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=1e9, zygote=zygote)
     yield a
     a.close()
 
@@ -154,10 +154,10 @@ def test_elastic_job_shrunk_then_grown_ends_bit_identical(agent, tmp_path):
     assert_identical(final_state(agent, "e"), ref)
 
 
-def test_sigkill_loses_only_the_work_since_the_last_checkpoint(tmp_path):
+def test_sigkill_loses_only_the_work_since_the_last_checkpoint(zygote, tmp_path):
     args = ("--steps", "2000", "--seed", "5")
     ref = reference(tmp_path, "cnn.py", *args)
-    agent = Agent(tmp_path / "agent", ["cpu:0"], checkpoint_every_s=0.5)
+    agent = Agent(tmp_path / "agent", ["cpu:0"], checkpoint_every_s=0.5, zygote=zygote)
     try:
         agent.start("k", launch("cnn.py", *args), (0,))
         started(agent, "k")
@@ -176,14 +176,14 @@ def test_sigkill_loses_only_the_work_since_the_last_checkpoint(tmp_path):
         agent.close()
 
 
-def test_crashing_script_fails_with_its_error_and_the_agent_survives(tmp_path):
+def test_crashing_script_fails_with_its_error_and_the_agent_survives(zygote, tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import gandiva.job as gj\n"
                    "job = gj.init()\n"
                    "for step in job.steps(100):\n"
                    "    if step == 3:\n"
                    "        raise ZeroDivisionError('the script divided by zero')\n")
-    agent = Agent(tmp_path / "agent", ["cpu:0"], max_restarts=1)
+    agent = Agent(tmp_path / "agent", ["cpu:0"], max_restarts=1, zygote=zygote)
     try:
         agent.start("bad", Launch(["{python}", str(bad)]), (0,))
         seen: list = []
@@ -293,14 +293,14 @@ def test_unmodified_script_is_preempted_with_sigterm_and_restarted(agent, tmp_pa
 
 # ---- the local backend: the scheduler core and a policy driving real jobs ------------------
 
-def test_local_backend_time_slices_real_jobs_and_each_ends_as_if_alone(tmp_path):
+def test_local_backend_time_slices_real_jobs_and_each_ends_as_if_alone(zygote, tmp_path):
     from gandiva import actions as A
     from gandiva.backends.driver import Driver
     from gandiva.policies import make_policy
     from gandiva.spec import JobSpec
 
     backend = Driver(make_policy("slicer:quantum=1"), tmp_path / "run", slots=2,
-                     feedback_steps=50)
+                     feedback_steps=50, zygote=zygote)
     args = {f"j{i}": ("--steps", "1500", "--seed", str(i), "--lr", "0.02") for i in range(3)}
     for jid, a in args.items():
         backend.submit(JobSpec(jid, 0.0, 1, "cnn", mini_batches=1500), launch("cnn.py", *a))
@@ -320,7 +320,8 @@ def test_local_backend_time_slices_real_jobs_and_each_ends_as_if_alone(tmp_path)
         assert_identical(checkpoint.latest(backend.agent.checkpoint_dir(jid))[1], ref)
 
 
-def test_policy_grows_an_elastic_job_into_an_idle_slot_then_shrinks_it_for_a_newcomer(tmp_path):
+def test_policy_grows_an_elastic_job_into_an_idle_slot_then_shrinks_it_for_a_newcomer(
+        zygote, tmp_path):
     import threading
 
     from gandiva import actions as A
@@ -329,7 +330,7 @@ def test_policy_grows_an_elastic_job_into_an_idle_slot_then_shrinks_it_for_a_new
     from gandiva.spec import JobSpec
 
     backend = Driver(make_policy("slicer:grow:quantum=1"), tmp_path / "run", slots=2,
-                     feedback_steps=10)
+                     feedback_steps=10, zygote=zygote)
     reports = Reports(backend)
     eargs = ("--steps", "1500", "--seed", "2")
     backend.submit(JobSpec("e", 0.0, 1, "mlp", min_gpus=1, max_gpus=2),
@@ -354,7 +355,7 @@ def test_policy_grows_an_elastic_job_into_an_idle_slot_then_shrinks_it_for_a_new
     assert_identical(checkpoint.latest(backend.agent.checkpoint_dir("e"))[1], ref)
 
 
-def test_local_backend_as_a_server_loop_takes_jobs_while_running(tmp_path):
+def test_local_backend_as_a_server_loop_takes_jobs_while_running(zygote, tmp_path):
     import threading
 
     from gandiva.backends.driver import Driver
@@ -362,7 +363,7 @@ def test_local_backend_as_a_server_loop_takes_jobs_while_running(tmp_path):
     from gandiva.spec import JobSpec
 
     backend = Driver(make_policy("slicer:quantum=1"), tmp_path / "run", slots=2,
-                     feedback_steps=20)
+                     feedback_steps=20, zygote=zygote)
     reports = Reports(backend)
     loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
     loop.start()
@@ -381,7 +382,7 @@ def test_local_backend_as_a_server_loop_takes_jobs_while_running(tmp_path):
         assert mine[0] == "running" and mine[-1] == "done" and "feedback" in mine
 
 
-def test_a_job_slow_to_stop_holds_up_neither_the_loop_nor_other_jobs(tmp_path):
+def test_a_job_slow_to_stop_holds_up_neither_the_loop_nor_other_jobs(zygote, tmp_path):
     """The loop hands actions to the nodes and goes on: while a held job's checkpoint waits
     for its next mini-batch boundary (a mini-batch of 20 s), a newcomer is placed on the
     other device and runs to its end; the held job stops after, from its checkpoint. (The
@@ -401,7 +402,7 @@ def test_a_job_slow_to_stop_holds_up_neither_the_loop_nor_other_jobs(tmp_path):
         "        open(sys.argv[1], 'w').write('in the long mini-batch')\n"
         "        time.sleep(20)\n")
     mark = tmp_path / "mark"
-    backend = Driver(make_policy("fifo"), tmp_path / "run", slots=2)
+    backend = Driver(make_policy("fifo"), tmp_path / "run", slots=2, zygote=zygote)
     seen: list[tuple[str, str, bool]] = []  # (job, what, the slow job's hold still under way)
     backend.on_change = lambda rec, what: seen.append(
         (rec.spec.id, what, "slow" in backend.inflight and not backend.inflight["slow"].ended))
@@ -427,9 +428,9 @@ def test_a_job_slow_to_stop_holds_up_neither_the_loop_nor_other_jobs(tmp_path):
     assert checkpoint.steps(backend.agent.checkpoint_dir("slow")) == [2]
 
 
-def test_a_gang_whose_rank_hangs_after_the_others_ended_fails_within_the_grace(tmp_path):
+def test_a_gang_whose_rank_hangs_after_the_others_ended_fails_within_the_grace(zygote, tmp_path):
     agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=1e9,
-                  exit_grace_s=2.0)
+                  exit_grace_s=2.0, zygote=zygote)
     script = tmp_path / "hang.py"
     script.write_text("import os, time\n"
                       "import torch.distributed as dist\n"
@@ -455,13 +456,13 @@ def test_a_gang_whose_rank_hangs_after_the_others_ended_fails_within_the_grace(t
 
 @pytest.mark.parametrize("devices", [(0,), (0, 1)], ids=["alone", "gang"])
 def test_a_job_silent_past_the_hang_limit_is_killed_and_restarted_from_its_checkpoint(
-        tmp_path, devices):
+        zygote, tmp_path, devices):
     """Rank 0 hangs at step 8 of its first run (in a gang, its partner waits for it in the
     next collective): nothing is reported, and after ``hang_s`` the whole job is killed and
     started again from its checkpoint, which ends it; its log says why. (A gang over several
     nodes is restarted whole by the scheduler, from the "crashed" the agent reports.)"""
     agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=0.0,
-                  hang_s=3.0)
+                  hang_s=3.0, zygote=zygote)
     marker, script = tmp_path / "hung-once", tmp_path / "hangs.py"
     script.write_text("import os, sys, time, torch\n"
                       "import gandiva.job as gj\n"
@@ -491,10 +492,10 @@ def test_a_job_silent_past_the_hang_limit_is_killed_and_restarted_from_its_check
         agent.close()
 
 
-def test_an_evaluation_longer_than_the_hang_limit_is_not_taken_for_a_hang(tmp_path):
+def test_an_evaluation_longer_than_the_hang_limit_is_not_taken_for_a_hang(zygote, tmp_path):
     """An evaluation of 6 s between two boundaries, with a pause point at each batch, under
     a 2 s hang limit: the job says it is alive there and is not restarted."""
-    agent = Agent(tmp_path / "agent", ["cpu:0"], checkpoint_every_s=1e9, hang_s=2.0)
+    agent = Agent(tmp_path / "agent", ["cpu:0"], checkpoint_every_s=1e9, hang_s=2.0, zygote=zygote)
     script = tmp_path / "evaluates.py"
     script.write_text("import time, torch\n"
                       "import gandiva.job as gj\n"

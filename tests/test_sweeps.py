@@ -177,7 +177,7 @@ class Up:
     the loop as a dying server does (the jobs' processes end; no drain), what was queued for
     the store stored first so that the next ``Up`` over ``home`` finds it."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, zygote) -> None:
         from fastapi.testclient import TestClient
 
         from gandiva.backends.driver import Driver
@@ -187,7 +187,7 @@ class Up:
 
         self.store = Store(str(home / "gandiva.db"))
         self.backend = Driver(make_policy("gandiva:quantum=1"), home / "work", slots=2,
-                              feedback_steps=20)
+                              feedback_steps=20, zygote=zygote)
         self.service = Service(self.store, self.backend, home / "base")
         self.service.resume_unfinished()
         self.loop = threading.Thread(target=self.backend.run, kwargs={"until_idle": False})
@@ -231,9 +231,9 @@ def sweep_spec(steps: int, rungs: list[int], **extra) -> dict:
             "stop": {"rule": "asha", "rungs": rungs, "reduction": 2}, **extra}
 
 
-def test_a_jobs_reported_values_are_served_as_curves_and_followed_from_a_step(home):
+def test_a_jobs_reported_values_are_served_as_curves_and_followed_from_a_step(zygote, home):
     path, auth = home
-    up = Up(path)
+    up = Up(path, zygote)
     try:
         c = up.client
         r = c.post("/v1/jobs", json={"name": "one", "command": "python cnn.py --steps 150"},
@@ -270,11 +270,11 @@ class Sleeping:
     """A sweep of four trials that sleep, on a server's parts (``Up``); ``report`` gives a
     trial's value at a step for it, so a test chooses the order in which values come in."""
 
-    def __init__(self, home, **spec) -> None:
+    def __init__(self, home, zygote, **spec) -> None:
         path, self.auth = home
         (path / "base" / "users" / "ada" / "idle.py").write_text(
             "import time\ntime.sleep(300)\n")
-        self.up = Up(path)
+        self.up = Up(path, zygote)
         self.c = self.up.client
         r = self.c.post("/v1/sweeps", headers=self.auth, json={
             "name": "idle", "trials": 4, "seed": 0, "command": "python idle.py {lr}",
@@ -300,14 +300,14 @@ class Sleeping:
 
 
 def test_the_best_at_the_first_rung_leads_unsure_trials_wait_and_the_rest_resume_once_judged(
-        home):
+        zygote, home):
     """The best trial at the first rung, judged against enough others, runs above every other
     trial of the sweep (on devices of its own), and the lead moves when a better one comes.
     Until every trial has had its first judgement, a trial let through at the first rung for
     want of company waits one priority below the sweep's (the trials not yet tried come
     first), and is judged again once others reach the rung; once every trial is judged, a
     trial let through at a later rung comes back to the sweep's priority."""
-    s = Sleeping(home, priority=5)
+    s = Sleeping(home, zygote, priority=5)
     lead = 5 + 2 + 1  # above a trial promoted at both rungs
     try:
         def priorities() -> list[int]:
@@ -338,11 +338,11 @@ def test_the_best_at_the_first_rung_leads_unsure_trials_wait_and_the_rest_resume
 
 
 def test_an_outranked_trial_is_paused_promoted_when_later_values_put_it_on_top_then_stopped(
-        home):
+        zygote, home):
     """ASHA pauses, it does not stop at once: a trial outranked by the few values its rung had
     is held (its device freed), goes on when later values put it in the top, and is stopped
     only once nothing of its sweep runs or waits to run."""
-    s = Sleeping(home)
+    s = Sleeping(home, zygote)
     try:
         def state(trial: int) -> str:
             return s.get(f"/v1/jobs/{s.jobs[trial]}")["state"]
@@ -368,11 +368,11 @@ def test_an_outranked_trial_is_paused_promoted_when_later_values_put_it_on_top_t
         s.up.crash()
 
 
-def test_a_trial_let_through_alone_is_judged_again_when_others_reach_its_rung(home):
+def test_a_trial_let_through_alone_is_judged_again_when_others_reach_its_rung(zygote, home):
     """Which trials a sweep pauses does not hang on the order they reach a rung: trials that
     arrive worst first are each the best so far, yet the first, let through for want of
     company, is judged again as the others come, and paused."""
-    s = Sleeping(home)
+    s = Sleeping(home, zygote)
     try:
         s.report(0, 4.0)  # alone: continued
         assert [t["decision"] for t in s.trials()][0] == "continued"
@@ -387,9 +387,9 @@ def test_a_trial_let_through_alone_is_judged_again_when_others_reach_its_rung(ho
         s.up.crash()
 
 
-def test_a_sweep_stops_trials_at_its_rungs_promotes_the_rest_and_names_the_best(home):
+def test_a_sweep_stops_trials_at_its_rungs_promotes_the_rest_and_names_the_best(zygote, home):
     path, auth = home
-    up = Up(path)
+    up = Up(path, zygote)
     try:
         c = up.client
         r = c.post("/v1/sweeps", json=sweep_spec(2000, [40, 120]), headers=auth)
@@ -441,15 +441,15 @@ def test_a_sweep_stops_trials_at_its_rungs_promotes_the_rest_and_names_the_best(
         up.crash()
 
 
-def test_a_sweep_survives_a_server_restart_with_its_rungs_and_decisions(home):
+def test_a_sweep_survives_a_server_restart_with_its_rungs_and_decisions(zygote, home):
     path, auth = home
-    up = Up(path)
+    up = Up(path, zygote)
     sid = up.client.post("/v1/sweeps", json=sweep_spec(3000, [40, 1500]),
                          headers=auth).json()["id"]
     before = up.wait(lambda: up.client.get(f"/v1/sweeps/{sid}", headers=auth).json(),
                   lambda s: sum(len(t["rungs"]) for t in s["trials"]) >= 2)
     up.crash()  # mid-sweep: trials at rung 40 judged, none at 1500 yet
-    up = Up(path)
+    up = Up(path, zygote)
     try:
         c = up.client
         after = up.wait(lambda: c.get(f"/v1/sweeps/{sid}", headers=auth).json(),

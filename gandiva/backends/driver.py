@@ -35,6 +35,7 @@ from gandiva.backends.requests import Request, Requests
 from gandiva.job import wire
 from gandiva.node.agent import ACK_TIMEOUT_S, HANG_S, Agent
 from gandiva.node.devices import HEADROOM
+from gandiva.node.zygote import Zygote
 from gandiva.run import COUNTED, JobRun, RunResult, no_counts
 from gandiva.scheduler import Scheduler
 from gandiva.spec import TERMINAL, JobSpec, JobState
@@ -150,9 +151,11 @@ class Driver:
     def __init__(self, policy, workdir: Path, slots: int | None = None, threads: int = 1,
                  checkpoint_every_s: float = 300.0, feedback_steps: int = 100,
                  max_restarts: int | None = None, nodes: Nodes | None = None,
-                 clock: Clock | None = None, hang_s: float = HANG_S) -> None:
+                 clock: Clock | None = None, hang_s: float = HANG_S,
+                 zygote: Zygote | None = None) -> None:
         """``nodes``: what runs the jobs (``gandiva.backends.nodes``: the ray backend's
-        ``RayNodes``, ``HollowNodes``); by default one ``Agent`` on this machine's devices.
+        ``RayNodes``, ``HollowNodes``); by default one ``Agent`` on this machine's devices,
+        forking its jobs from ``zygote`` where one is shared (see ``Agent``).
         ``clock``: the wall clock by default; hollow nodes in tests share a virtual one."""
         self.clock = clock or WallClock()
         if nodes is None:
@@ -160,7 +163,8 @@ class Driver:
             self.cluster = one_node(devices, kind, memory)
             extra = {} if max_restarts is None else {"max_restarts": max_restarts}
             nodes = Agent(workdir, devices, threads=threads, hang_s=hang_s,
-                          checkpoint_every_s=checkpoint_every_s, memory_gb=memory, **extra)
+                          checkpoint_every_s=checkpoint_every_s, memory_gb=memory,
+                          zygote=zygote, **extra)
         else:
             self.cluster = nodes.cluster()
         self.devices = nodes.devices

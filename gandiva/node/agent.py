@@ -146,12 +146,15 @@ class Agent:
                  max_restarts: int = MAX_RESTARTS, checkpoint_every_s: float = 300.0,
                  python: str = sys.executable, warm: bool = True,
                  cpu_backed: bool = False, memory_gb: float | None = None,
-                 exit_grace_s: float = EXIT_GRACE_S, hang_s: float = HANG_S) -> None:
+                 exit_grace_s: float = EXIT_GRACE_S, hang_s: float = HANG_S,
+                 zygote: Zygote | None = None) -> None:
         """``devices``: CPU slots (``cpu:<i>``) or GPUs (``cuda:<i>``, or ``cuda:<id>`` by
         UUID or MIG id). ``cpu_backed``: GPUs whose jobs compute on the CPU, every other
         rule of GPUs kept (what each process sees, moves by restart): the agent's device
         decisions, testable on a machine without GPUs. ``memory_gb``: what jobs may use of
-        each device, divided among jobs packed on one (see ``_cap``); None: no caps."""
+        each device, divided among jobs packed on one (see ``_cap``); None: no caps.
+        ``zygote``: one of this machine's (``start_zygote``), shared with other agents and
+        closed by whoever made it; by default the agent starts its own."""
         self.workdir = Path(workdir).resolve()
         self.devices = devices  # e.g. ["cpu:0", "cpu:1"] or ["cuda:0", "cuda:1"]
         self.cpu_backed = cpu_backed
@@ -167,7 +170,8 @@ class Agent:
         self.checkpoint_every_s = checkpoint_every_s
         self.python = python
         self.warm = warm
-        self._zygote: Zygote | None = None
+        self._zygote = zygote
+        self._own_zygote = zygote is None
         self.workdir.mkdir(parents=True, exist_ok=True)
         for pids in self.workdir.glob("jobs/*/pids"):  # an earlier agent's, if it crashed
             _kill_leftovers(pids)
@@ -392,8 +396,8 @@ class Agent:
                 if any(r.exit is None for r in job.ranks):
                     job.stopping = True
                     self._terminate(job, grace=2.0)
-            if self._zygote is not None:  # after the jobs: it hears their exit statuses
-                self._zygote.close()
+            if self._zygote is not None and self._own_zygote:  # after the jobs: it hears
+                self._zygote.close()                              # their exit statuses
             self._closed = True
         self._wakeup_w.send(b"x")
         self._thread.join(timeout=5)
@@ -495,7 +499,10 @@ class Agent:
                 and command[1].endswith(".py")):
             return False
         if self._zygote is not None and not self._zygote.alive and not self._closed:
-            self._zygote.close()
+            if self._own_zygote:
+                self._zygote.close()
+            self._own_zygote = True  # a shared one that died is replaced by one of ours
+            self._zygote = None
             self._warm_up()
         zygote = self._zygote
         if zygote is None or not zygote.ready:  # (``warm_ready``)
@@ -511,10 +518,8 @@ class Agent:
         return self._zygote is not None and self._zygote.ready
 
     def _warm_up(self) -> None:
-        if self.warm:
-            # started with what every job gets, so that an ordinary job starts warm
-            self._zygote = Zygote(self.python, self.workdir, env={
-                "OMP_NUM_THREADS": str(self.threads), "PYTHONUNBUFFERED": "1"})
+        if self.warm and self._zygote is None:
+            self._zygote = start_zygote(self.workdir, self.threads, self.python)
 
     def _pin(self, job: _Job, devices: tuple[int, ...]) -> None:
         job.devices = tuple(devices)
@@ -794,6 +799,13 @@ def _held(job: _Job, r: _Rank) -> float | None:
     """What rank ``r`` said it still held when last suspended by the library, if known."""
     reply = job.replies.get(f"suspended:{r.rank}")
     return reply.held_gb if isinstance(reply, wire.Suspended) else None
+
+
+def start_zygote(workdir: Path, threads: int = 1, python: str = sys.executable) -> Zygote:
+    """A zygote whose forks start as an agent with ``threads`` per job starts an ordinary
+    job: with what every job gets in its environment."""
+    return Zygote(python, workdir, env={"OMP_NUM_THREADS": str(threads),
+                                        "PYTHONUNBUFFERED": "1"})
 
 
 def _cold(command: list[str], python: str) -> list[str]:
