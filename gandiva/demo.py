@@ -17,18 +17,20 @@ and a 60 s quantum would be longer than most of them.
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gandiva import actions as A
 from gandiva.backends.driver import Driver, detect_devices
-from gandiva.node.agent import Launch
+from gandiva.node.agent import Launch, start_zygote
 from gandiva.policies import make_policy
 from gandiva.run import RunResult, outcome
 from gandiva.spec import JobSpec, JobState
 
 DEMO_QUANTUM_S = 5.0
+ZYGOTE_WAIT_S = 120.0  # for the warm zygote's imports (seconds of CPU), before the first run
 
 
 def examples_dir() -> Path:
@@ -162,16 +164,28 @@ def run_demo(cfg: DemoConfig, workdir: Path, on_start=None) -> dict[str, tuple[R
     devices, _, _ = detect_devices(cfg.slots)
     n = cfg.jobs or 3 * len(devices)
     out = {}
-    for name in cfg.policies:
-        spec = policy_spec(name, cfg)
-        if on_start:
-            on_start(spec, n, devices)
-        run_dir = workdir / spec.replace(":", "_").replace("=", "-")
-        shutil.rmtree(run_dir, ignore_errors=True)
-        backend = Driver(make_policy(spec), run_dir, slots=cfg.slots,
-                               feedback_steps=cfg.feedback_steps)
-        for job_spec, launch in search(cfg, n):
-            backend.submit(job_spec, launch)
-        res = backend.run()
-        out[spec] = (res, summarize(res))
+    # One warm zygote for every policy's run, ready before the first: each job starts as a
+    # fork of an interpreter that has imported torch, under every policy, rather than the
+    # first jobs of each run cold (seconds of CPU each, in the first-feedback times) while
+    # that run's agent starts a zygote of its own.
+    workdir.mkdir(parents=True, exist_ok=True)
+    zygote = start_zygote(workdir)
+    deadline = time.monotonic() + ZYGOTE_WAIT_S
+    while not zygote.ready and zygote.alive and time.monotonic() < deadline:
+        time.sleep(0.05)  # if it never is, the jobs start cold, as they would without it
+    try:
+        for name in cfg.policies:
+            spec = policy_spec(name, cfg)
+            if on_start:
+                on_start(spec, n, devices)
+            run_dir = workdir / spec.replace(":", "_").replace("=", "-")
+            shutil.rmtree(run_dir, ignore_errors=True)
+            backend = Driver(make_policy(spec), run_dir, slots=cfg.slots,
+                             feedback_steps=cfg.feedback_steps, zygote=zygote)
+            for job_spec, launch in search(cfg, n):
+                backend.submit(job_spec, launch)
+            res = backend.run()
+            out[spec] = (res, summarize(res))
+    finally:
+        zygote.close()
     return out

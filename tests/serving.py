@@ -16,6 +16,19 @@ from waiting import until
 
 GANDIVA = [sys.executable, "-m", "gandiva.cli"]
 CPU_ONLY = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # CPU slots, whatever GPUs there are
+# A job that trains for as long as a test needs it running (until it is stopped) on next to
+# no CPU, where what the test watches is the scheduling, not the learning: a state to
+# checkpoint and restore, and mini-batches that wait rather than compute
+PACED = """\
+import time
+import torch
+import gandiva.job as gj
+
+job = gj.init()
+job.register(model=torch.nn.Linear(2, 2))
+for step in job.steps(1_000_000):
+    time.sleep(0.01)
+"""
 
 
 def free_port() -> int:
@@ -46,10 +59,10 @@ def add_user(home: Path, name: str, admin: bool = False, db: str | None = None) 
 def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str | None = None,
             slots: int = 2, db: str | None = None, args: tuple[str, ...] = (),
             up_s: float = 60, env: dict[str, str] | None = None) -> Iterator[Server]:
-    """Users added, then `gandiva server` up (its /v1/whoami answers); SIGTERM at the end,
-    SIGKILL if it does not stop. ``policy``: a policy spec (default: the server's default
-    policy); ``db``: a database URL (default: SQLite in ``home``); ``args``: more of the
-    server's options; ``env``: more of its environment."""
+    """Users added, then `gandiva server` up (its /v1/whoami answers) and warm (``warm``);
+    SIGTERM at the end, SIGKILL if it does not stop. ``policy``: a policy spec (default:
+    the server's default policy); ``db``: a database URL (default: SQLite in ``home``);
+    ``args``: more of the server's options; ``env``: more of its environment."""
     import httpx2
 
     tokens = {u: add_user(home, u, db=db) for u in users}
@@ -73,11 +86,24 @@ def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str | None 
         try:
             until(up, up_s, "the server to answer", alive=lambda: proc.poll() is None,
                   every=0.1)
+            warm(srv.url, up_s, proc)
         except AssertionError as e:
             raise AssertionError(f"{e}\n{log.read_text()}") from None
         yield srv
     finally:
         stop(proc)
+
+
+def warm(url: str, timeout: float = 60, proc: subprocess.Popen | None = None) -> None:
+    """Until the server at ``url`` starts jobs warm (``gandiva_warm_starts_ready``): a job
+    submitted before its zygote has imported torch starts cold, a few CPU-seconds more on
+    a machine the tests share."""
+    import httpx2
+
+    with httpx2.Client(base_url=url, timeout=10) as http:
+        until(lambda: metric(http, "gandiva_warm_starts_ready") == 1, timeout,
+              "the server's zygote to be ready", every=0.1,
+              alive=None if proc is None else lambda: proc.poll() is None)
 
 
 def metric(http, name: str) -> float:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
-from serving import GANDIVA, running  # noqa: E402
+from serving import GANDIVA, PACED, running  # noqa: E402
 from waiting import first_ok  # noqa: E402
 
 from gandiva.client import Client, Settings  # noqa: E402
@@ -28,7 +28,15 @@ def server(tmp_path_factory):
     home = tmp_path_factory.mktemp("client") / "home"
     with running(home, users=("alice", "bob"), policy="slicer:quantum=2") as srv:
         shutil.copy(CNN, srv.user_dir("alice") / "cnn.py")
+        (srv.user_dir("alice") / "paced.py").write_text(PACED)  # runs until stopped
         yield srv
+
+
+@pytest.fixture(scope="module")
+def api(server):
+    """alice's client of the API: what a test waits on before it asks the CLI (a process
+    each time) what it shows."""
+    return Client(Settings(server.url, server.tokens["alice"]))
 
 
 def cli(*args, config: Path, env: dict | None = None, check: bool = True,
@@ -65,6 +73,10 @@ def wait_for(get, ok, timeout=60):
     return first_ok(get, ok, timeout, every=0.3)  # (a CLI call is a process: not too often)
 
 
+def states(api, ids) -> list[str]:
+    return [api.job(i)["state"] for i in ids]
+
+
 def test_submit_follow_show_and_list(server, alice, tmp_path):
     job = spec(tmp_path, "name: short\ncommand: python cnn.py --steps 200\n")
     r = cli("submit", str(job), "--follow", config=alice)
@@ -81,17 +93,23 @@ def test_submit_follow_show_and_list(server, alice, tmp_path):
     assert r.returncode == 2 and f"no job '{job_id}'" in r.stderr
 
 
-def test_time_slicing_seen_through_explain_and_cluster_and_steered(server, alice, tmp_path):
-    ids = []
-    for i in range(3):  # 3 jobs on 2 slots: over-subscribed, they take turns
-        job = spec(tmp_path, f"name: long{i}\ncommand: python cnn.py --steps 100000\n")
-        ids.append(cli("submit", str(job), config=alice).stdout.strip())
+def test_time_slicing_seen_through_explain_and_cluster_and_steered(server, api, alice,
+                                                                   tmp_path):
+    # 3 jobs on 2 slots: over-subscribed, they take turns (submitted through the API: the
+    # CLI's submit is the other tests')
+    ids = [api.submit({"name": f"long{i}", "command": "python paced.py"})["id"]
+           for i in range(3)]
+
+    def sliced_and_busy(view) -> bool:  # what the CLI's table is looked at for below
+        names = {j["id"] for n in view["nodes"]
+                 for j in n["time_sliced"] + [j for d in n["devices"] for j in d["jobs"]]}
+        return view["total"] - view["free"] == 2 and set(ids) <= names
+    first_ok(api.cluster, sliced_and_busy, every=0.1)
     out = wait_for(lambda: cli("cluster", config=alice).stdout,
                    lambda o: "2 of 2 devices busy" in o and sum(i in o for i in ids) == 3)
     assert "exclusive" in out
     # the three explained at one instant (a CLI call takes longer than a 2 s turn on a slow
     # machine, so three in a row can each catch their job running): one is sliced out
-    api = Client(Settings(server.url, server.tokens["alice"]))
     why = wait_for(lambda: {i: api.explain(i)["reason"] for i in ids},
                    lambda ws: any(w.startswith("time-sliced") for w in ws.values())
                    and any(w.startswith("running on device") for w in ws.values()))
@@ -105,15 +123,16 @@ def test_time_slicing_seen_through_explain_and_cluster_and_steered(server, alice
     # steer: priority, suspend (hold), resume, cancel
     assert "priority 5" in cli("priority", ids[0], "5", config=alice).stdout
     cli("suspend", ids[1], config=alice)
-    wait_for(lambda: cli("jobs", "--state", "held", config=alice).stdout, lambda o: ids[1] in o)
+    first_ok(lambda: api.job(ids[1])["state"], lambda s: s == "held", every=0.1)
+    assert ids[1] in cli("jobs", "--state", "held", config=alice).stdout  # (held: it stays)
     assert "held by its user" in cli("explain", ids[1], config=alice).stdout
     r = cli("suspend", ids[1], config=alice, check=False)
     assert r.returncode == 2 and "held already" in r.stderr
     cli("resume", ids[1], config=alice)
-    for i in ids:
-        cli("cancel", i, config=alice)
-    wait_for(lambda: cli("jobs", "--state", "cancelled", config=alice).stdout,
-             lambda o: all(i in o for i in ids))
+    assert len(cli("cancel", *ids, config=alice).stdout.splitlines()) == 3  # one line each
+    first_ok(lambda: states(api, ids), lambda s: s == ["cancelled"] * 3, every=0.1)
+    listed = cli("jobs", "--state", "cancelled", config=alice).stdout
+    assert all(i in listed for i in ids)
 
 
 def test_errors_name_the_field_and_the_fix(server, alice, tmp_path):
@@ -140,19 +159,20 @@ def test_the_cli_client_runs_without_a_server_module_import_error():
     assert r.returncode == 0, r.stderr
 
 
-def test_labels_json_output_cancel_by_label_and_submit_follow_exit_code(server, alice, tmp_path):
-    import json
-
+def test_labels_json_output_cancel_by_label_and_submit_follow_exit_code(server, api, alice,
+                                                                         tmp_path):
     for i in range(2):
-        cli("submit", spec(tmp_path, f"name: sweep{i}\ncommand: python cnn.py --steps 100000\n"
+        cli("submit", spec(tmp_path, f"name: sweep{i}\ncommand: python paced.py\n"
                                      "labels: {sweep: lr}\n"), config=alice)
     listed = json.loads(cli("jobs", "-l", "sweep=lr", "--json", config=alice).stdout)
     assert [j["name"] for j in listed] == ["sweep1", "sweep0"]  # newest first
     assert all(j["labels"] == {"sweep": "lr"} for j in listed)
     cancelled = cli("cancel", "-l", "sweep=lr", config=alice)
     assert len(cancelled.stdout.splitlines()) == 2  # one line per job it asked to cancel
-    wait_for(lambda: {j["state"] for j in json.loads(cli(
-        "jobs", "-l", "sweep=lr", "--json", config=alice).stdout)}, lambda s: s == {"cancelled"})
+    first_ok(lambda: {j["state"] for j in api.jobs(labels={"sweep": "lr"})},
+             lambda s: s == {"cancelled"}, every=0.1)
+    assert {j["state"] for j in json.loads(cli(
+        "jobs", "-l", "sweep=lr", "--json", config=alice).stdout)} == {"cancelled"}
     shown = json.loads(cli("show", listed[0]["id"], "--json", config=alice).stdout)
     assert [e["kind"] for e in shown["events"]][:1] == ["submitted"]
     # submit -f follows the log, then says how the job ended in its exit code
@@ -161,7 +181,8 @@ def test_labels_json_output_cancel_by_label_and_submit_follow_exit_code(server, 
     assert failing.returncode == 1 and "failed" in failing.stderr
 
 
-def test_a_sweep_from_spec_to_best_configuration_and_a_trials_curve(server, alice, tmp_path):
+def test_a_sweep_from_spec_to_best_configuration_and_a_trials_curve(server, api, alice,
+                                                                    tmp_path):
     bad = spec(tmp_path, "name: s\ncommand: python cnn.py --lr {rate}\nmetric: loss\n"
                          "space: {lr: {grid: [0.01, 0.05]}}\n")
     r = cli("sweep", str(bad), config=alice, check=False)
@@ -171,9 +192,10 @@ def test_a_sweep_from_spec_to_best_configuration_and_a_trials_curve(server, alic
                           "metric: loss\nspace: {lr: {grid: [0.00001, 0.05]}}\n"
                           "stop: {rule: none}\n")
     sweep_id = cli("sweep", str(good), config=alice).stdout.strip()
-    shown = wait_for(lambda: json.loads(cli("sweep", "show", sweep_id, "--json",
-                                            config=alice).stdout),
-                     lambda s: all(t["state"] == "done" for t in s["trials"]), timeout=120)
+    first_ok(lambda: api.sweep(sweep_id), lambda s: all(t["state"] == "done"
+                                                         for t in s["trials"]), 120, every=0.1)
+    shown = json.loads(cli("sweep", "show", sweep_id, "--json", config=alice).stdout)
+    assert all(t["state"] == "done" for t in shown["trials"])
     assert [t["params"]["lr"] for t in shown["trials"]] == [0.00001, 0.05]
     table = cli("sweep", "show", sweep_id, config=alice).stdout
     assert table.index(shown["trials"][1]["job_id"]) < table.index(shown["trials"][0]["job_id"])

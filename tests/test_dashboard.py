@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("torch")
 pw = pytest.importorskip("playwright.sync_api")
-from serving import running  # noqa: E402
+from serving import PACED, running  # noqa: E402
 from waiting import until  # noqa: E402
 
 expect = pw.expect
@@ -25,7 +25,6 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-quic"]
 CNN = Path(__file__).resolve().parents[1] / "examples" / "cnn.py"
 WAIT_MS = 60_000  # generous: the server, three jobs and a browser share the machine's cores
-STEPS = 20_000  # longer than the tests; the server stops the jobs when it stops
 # The test policy (these tests are about what the map shows, not about a policy's tuning):
 # the three jobs take turns of 3 s for as long as they run; with packing, the job that waits
 # after its first turn is packed beside one that runs, and the pair stays packed
@@ -61,11 +60,12 @@ def server(tmp_path_factory, request):
 
 @pytest.fixture(scope="module")
 def jobs(server):
-    """Three one-device jobs on the server's two slots."""
-    shutil.copy(CNN, server.home / "users" / "alice" / "cnn.py")
+    """Three one-device jobs on the server's two slots, running until the server stops
+    them (they wait rather than compute: the browser and the server keep the cores)."""
+    (server.home / "users" / "alice" / "paced.py").write_text(PACED)
     with server.client() as http:
-        return [http.post("/v1/jobs", json={"name": f"cnn{i}", "command":
-                                            ["python", "cnn.py", "--steps", str(STEPS)]}
+        return [http.post("/v1/jobs", json={"name": f"paced{i}", "command":
+                                            ["python", "paced.py"]}
                           ).raise_for_status().json()["id"] for i in range(3)]
 
 
@@ -207,7 +207,7 @@ def test_a_sweeps_learning_curves_grey_its_paused_trials_and_a_trial_opens_its_o
     shutil.copy(CNN, server.home / "users" / "alice" / "cnn.py")
     with server.client() as http:
         sweep = http.post("/v1/sweeps", json={
-            "name": "lr", "command": "python cnn.py --steps 3000 --lr {lr} --seed 1",
+            "name": "lr", "command": "python cnn.py --steps 1200 --lr {lr} --seed 1",
             "space": {"lr": {"grid": [0.00001, 0.05, 0.0001, 0.1]}}, "metric": "loss",
             "stop": {"rule": "asha", "rungs": [40, 120], "reduction": 2}}
         ).raise_for_status().json()

@@ -584,7 +584,7 @@ def busy_jobs(trace_name: str, count: int, faster: float = 4):
     return [dataclasses.replace(j, submit_time=(j.submit_time - t0) / faster) for j in jobs]
 
 
-@pytest.mark.parametrize("trace_name,cluster,count", [("philly", "4x4", 600),
+@pytest.mark.parametrize("trace_name,cluster,count", [("philly", "4x4", 300),
                                                       ("pollux-1", "4x4", 160)])
 def test_an_arrival_after_a_scan_that_placed_nothing_decides_exactly_as_a_full_rescan(
         trace_name, cluster, count, monkeypatch):
@@ -605,7 +605,7 @@ def test_an_arrival_after_a_scan_that_placed_nothing_decides_exactly_as_a_full_r
     assert jcts(fast) == jcts(full)
 
 
-@pytest.mark.parametrize("trace_name,cluster,count", [("philly", "4x4", 600),
+@pytest.mark.parametrize("trace_name,cluster,count", [("philly", "4x4", 300),
                                                       ("pollux-1", "4x4", 160)])
 def test_a_scan_that_found_no_job_to_send_back_for_a_width_decides_as_one_that_looks_again(
         trace_name, cluster, count, monkeypatch):

@@ -8,7 +8,6 @@ import io
 import json
 import os
 import queue
-import subprocess
 import sys
 import time
 import tracemalloc
@@ -27,6 +26,9 @@ from gandiva.node.agent import Agent, Launch  # noqa: E402
 
 SCRIPT = str(EXAMPLES / "hf_bert.py")
 # what torchrun (or an agent) sets: a one-process job run by hand has none of it
+# what hf_bert.py imports (Trainer's own imports: accelerate, ...), ~1 s of CPU over torch
+HF_IMPORTS = ("transformers.trainer", "transformers.models.bert.modeling_bert",
+              "gandiva.job.integrations.hf")
 TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
             "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
             "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
@@ -35,23 +37,16 @@ TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"
 
 # ---- helpers (the HF test in test_integrations uses them too) --------------------------------
 
-def run_alone(tmp: Path, commands: dict[str, list[str]], timeout: float = 300) -> dict:
+def run_alone(tmp: Path, commands: dict[str, list[str]], timeout: float = 300,
+              preload: tuple[str, ...] = ()) -> dict:
     """Run each command alone (no agent, no torchrun environment unless the command is
-    torchrun), uninterrupted; the final checkpoint file and the output of each."""
-    procs = {}
-    for name, command in commands.items():
-        env = {k: v for k, v in os.environ.items() if k not in TORCHRUN}
-        env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-                   GANDIVA_CHECKPOINT_DIR=str(tmp / "alone" / name),
-                   GANDIVA_CHECKPOINT_EVERY_S="1e9")
-        procs[name] = subprocess.Popen(command, env=env, cwd=tmp, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT)
-    out = {}
-    for name, proc in procs.items():
-        text = proc.communicate(timeout=timeout)[0].decode(errors="replace")
-        assert proc.returncode == 0, text[-3000:]
-        out[name] = (checkpoint.newest_whole(tmp / "alone" / name)[1], text)
-    return out
+    torchrun), uninterrupted; the final checkpoint file and the output of each. The Python
+    scripts fork from one process that has imported ``preload`` (``test_integrations.alone``)."""
+    from test_integrations import alone
+
+    out = alone(tmp, commands, timeout, preload, drop=TORCHRUN)
+    return {name: (checkpoint.newest_whole(tmp / "alone" / name)[1], text)
+            for name, text in out.items()}
 
 
 def hf_training(file: Path) -> dict:
@@ -172,7 +167,8 @@ def test_save_strategies_best_and_no_keep_their_saves_and_gandivas_moves_complet
     finally:
         agent.close()
     alone = run_alone(tmp_path, {n: [sys.executable, SCRIPT, *a, "--output-dir",
-                                     str(tmp_path / n)] for n, a in runs.items()})
+                                     str(tmp_path / n)] for n, a in runs.items()},
+                      preload=HF_IMPORTS)
     for name, (file, output) in alone.items():
         # item: a one-process job run without torchrun's environment is not DDP
         assert "1 process(es), not_parallel" in output, output[-2000:]

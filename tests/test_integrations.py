@@ -5,6 +5,8 @@ from a checkpoint, and ends as if it had run alone."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -37,20 +39,93 @@ def standalone(tmp: Path, command: list[str], timeout: float = 180) -> dict:
     return standalone_all(tmp, {"reference": command}, timeout)["reference"]
 
 
-def standalone_all(tmp: Path, commands: dict[str, list[str]], timeout: float = 300) -> dict:
-    """``standalone`` for several commands at once (one process each)."""
-    procs = {}
-    for name, command in commands.items():
-        env = {**os.environ, **ENV, "GANDIVA_CHECKPOINT_DIR": str(tmp / "alone" / name),
-               "GANDIVA_CHECKPOINT_EVERY_S": "1e9"}
-        env.pop("GANDIVA_CONTROL_FD", None)
-        env.pop("GANDIVA_JOB_ID", None)
-        procs[name] = subprocess.Popen(command, env=env, cwd=tmp, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT)
-    for proc in procs.values():
-        out, _ = proc.communicate(timeout=timeout)
-        assert proc.returncode == 0, out.decode(errors="replace")[-3000:]
+def standalone_all(tmp: Path, commands: dict[str, list[str]], timeout: float = 300,
+                   preload: tuple[str, ...] = ()) -> dict:
+    """``standalone`` for several commands at once (one process each; see ``alone``)."""
+    alone(tmp, commands, timeout, preload)
     return {name: checkpoint.latest(tmp / "alone" / name)[1] for name in commands}
+
+
+# Forks each reference of a Python script from one process that has imported ``argv[1:]``,
+# as the agent's zygote forks its jobs: each is its own process, run as ``python script``
+# with its own environment (no agent: no control channel), but the references of a test pay
+# the imports (torch, Lightning, transformers: ~3-8 s of CPU each) once between them.
+RUNNER = """\
+import json, os, sys
+runs = json.load(sys.stdin)
+for name in sys.argv[1:]:
+    __import__(name)
+from gandiva.job import warm
+pids = {}
+for i, run in enumerate(runs):
+    pid = os.fork()
+    if pid == 0:
+        log = os.open(run["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.environ.clear()
+        os.environ.update(run["env"])
+        os.chdir(run["cwd"])
+        sys.argv = run["argv"]
+        sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+        warm.set_threads()
+        warm.run(sys.argv[0])  # exits as python script.py does, never returns
+    pids[pid] = i
+codes = [None] * len(runs)
+while pids:
+    pid, status = os.wait()
+    codes[pids.pop(pid)] = os.waitstatus_to_exitcode(status)
+print(json.dumps(codes))
+"""
+
+
+def alone(tmp: Path, commands: dict[str, list[str]], timeout: float = 300,
+          preload: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> dict[str, str]:
+    """Run each command alone, uninterrupted, with no agent and none of the environment
+    ``drop`` names, its checkpoints in ``tmp/alone/<name>``; the output of each. The
+    commands ``[sys.executable, script, ...]`` are forked from one process that has imported
+    ``preload`` (``RUNNER``), the others (torchrun) run as they are."""
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("GANDIVA_CONTROL_FD", "GANDIVA_JOB_ID", *drop)}
+    base.update(ENV)
+
+    def env(name: str) -> dict[str, str]:
+        return {**base, "GANDIVA_CHECKPOINT_DIR": str(tmp / "alone" / name),
+                "GANDIVA_CHECKPOINT_EVERY_S": "1e9"}
+
+    (tmp / "alone").mkdir(parents=True, exist_ok=True)
+    logs = {name: tmp / "alone" / f"{name}.log" for name in commands}
+    forked = {name: c for name, c in commands.items()
+              if c[0] == sys.executable and c[1].endswith(".py")}
+    procs = {name: subprocess.Popen(c, env=env(name), cwd=tmp, stdout=logs[name].open("wb"),
+                                    stderr=subprocess.STDOUT)
+             for name, c in commands.items() if name not in forked}
+    codes = {}
+    if forked:
+        runs = [{"argv": c[1:], "env": env(name), "cwd": str(tmp), "log": str(logs[name])}
+                for name, c in forked.items()]
+        runner = subprocess.run([sys.executable, "-c", RUNNER, *preload], env=base, cwd=tmp,
+                                input=json.dumps(runs), capture_output=True, text=True,
+                                timeout=timeout)
+        assert runner.returncode == 0, runner.stdout + runner.stderr
+        codes = dict(zip(forked, json.loads(runner.stdout.splitlines()[-1]), strict=True))
+    for name, proc in procs.items():
+        codes[name] = proc.wait(timeout=timeout)
+    out = {name: logs[name].read_text(errors="replace") for name in commands}
+    for name, code in codes.items():
+        assert code == 0, f"{name}: exit status {code}\n{out[name][-3000:]}"
+    return out
+
+
+def installed(*packages: str) -> None:
+    """Skip the test unless ``packages`` are installed, found without importing them here:
+    importing Lightning costs this process ~6 s of CPU and sets variables in its environment
+    (PYTORCH_NVML_BASED_CUDA_CHECK, TORCHINDUCTOR_CACHE_DIR) that its agents' jobs would
+    inherit, and a job whose environment differs from the warm zygote's starts cold."""
+    for package in packages:
+        if importlib.util.find_spec(package) is None:
+            pytest.skip(f"{package} is not installed: pip install -e '.[integrations]'")
 
 
 def assert_same_training(a: dict, b: dict, keys: tuple[str, ...]) -> None:
@@ -187,7 +262,7 @@ def test_torchrun_commands_are_unwrapped_and_a_conflicting_width_is_refused():
 # ---- PyTorch Lightning: an unmodified script ---------------------------------------------
 
 def test_unmodified_lightning_script_time_sliced_restarted_ends_bit_identical(zygote, tmp_path):
-    pytest.importorskip("lightning.pytorch", reason="pip install -e '.[integrations]'")
+    installed("lightning")
     script = str(EXAMPLES / "lightning_mlp.py")
     # 1,200 mini-batches: about 2 s of running on a fast core, so that the job is seen running
     # between its first periodic checkpoint and its end (at 360 it ended inside that window on CI)
@@ -195,7 +270,8 @@ def test_unmodified_lightning_script_time_sliced_restarted_ends_bit_identical(zy
     backend, result = run_time_sliced(
         zygote, tmp_path, {j: Launch(["{python}", script, *a]) for j, a in runs.items()},
         crash="l0", spec_model="mlp", last_step=1200)
-    refs = standalone_all(tmp_path, {j: [sys.executable, script, *a] for j, a in runs.items()})
+    refs = standalone_all(tmp_path, {j: [sys.executable, script, *a] for j, a in runs.items()},
+                          preload=("lightning.pytorch",))
     for jid, ref in refs.items():
         final = checkpoint.latest(backend.agent.checkpoint_dir(jid))[1]
         assert final["global_step"] == ref["global_step"] == 1200
@@ -214,9 +290,10 @@ def test_hf_trainer_script_time_sliced_restarted_ends_bit_identical(zygote, tmp_
     backend, result = run_time_sliced(
         zygote, tmp_path, {j: Launch(["{python}", script, *a]) for j, a in runs.items()},
         crash="h0", spec_model="bert", last_step=400)
-    from test_hf import hf_training, run_alone  # a Trainer's checkpoint is a tar, not a dict
+    from test_hf import HF_IMPORTS, hf_training, run_alone  # a Trainer's checkpoint: a tar
 
-    refs = run_alone(tmp_path, {j: [sys.executable, script, *a] for j, a in runs.items()})
+    refs = run_alone(tmp_path, {j: [sys.executable, script, *a] for j, a in runs.items()},
+                     preload=HF_IMPORTS)
     for jid, (ref_file, _) in refs.items():
         ref = hf_training(ref_file)
         final = hf_training(checkpoint.newest_whole(backend.agent.checkpoint_dir(jid))[1])

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_integrations import assert_same_training, standalone_all  # noqa: E402
+from test_integrations import assert_same_training, installed, standalone_all  # noqa: E402
 from test_runtime import EXAMPLES  # noqa: E402
 from waiting import node_event, until  # noqa: E402
 
@@ -27,12 +27,12 @@ SCRIPTS = {"pytorch_lightning": "pl_shuffled.py", "lightning.pytorch": "lightnin
 
 
 def test_shuffled_dropout_accumulating_scripts_held_mid_epoch_end_bit_identical(zygote, tmp_path):
-    for package in SCRIPTS:
-        pytest.importorskip(package, reason="pip install -e '.[integrations]'")
+    installed("lightning", "pytorch_lightning")
     launches = {p: Launch(["{python}", str(EXAMPLES / s), *ARGS]) for p, s in SCRIPTS.items()}
     alone: dict = {}  # the references, run alone and uninterrupted, meanwhile
     references = threading.Thread(target=lambda: alone.update(standalone_all(
-        tmp_path, {p: [sys.executable, str(EXAMPLES / s), *ARGS] for p, s in SCRIPTS.items()})))
+        tmp_path, {p: [sys.executable, str(EXAMPLES / s), *ARGS] for p, s in SCRIPTS.items()},
+        preload=tuple(SCRIPTS))))
     references.start()
     agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=1e9, zygote=zygote)
     held, logs, backlog = {}, {}, []
@@ -120,7 +120,7 @@ def test_a_resumed_epoch_draws_the_same_order_and_loads_only_the_batches_left():
 
 
 def test_a_suspend_during_validation_is_obeyed_at_a_validation_batch(zygote, tmp_path):
-    pytest.importorskip("lightning.pytorch", reason="pip install -e '.[integrations]'")
+    installed("lightning")
     # its sanity check runs its whole validation first: 150 batches of 20 ms, 3 s
     agent = Agent(tmp_path / "agent", ["cpu:0"], checkpoint_every_s=1e9, zygote=zygote)
     try:

@@ -18,7 +18,7 @@ import time
 import gandiva.job as gj
 
 job = gj.init()
-for step in job.steps(400):
+for step in job.steps(300):  # 6 s or more: it trains on through the 4 s pause
     time.sleep(0.02)
 """
 
@@ -54,7 +54,7 @@ def test_a_paused_server_is_not_taken_for_a_hung_job_and_acts_once(tmp_path):
     with running(tmp_path, args=("--hang-after", "2", "--checkpoint-every", "1")) as srv:
         http, job = submitted(srv, "steady.py", STEADY)
         until(lambda: http.get(f"/v1/jobs/{job['id']}").json()["steps"] > 20, 60,
-              "the job training")
+              "the job training", every=0.1)
         answered = {}
         os.kill(srv.proc.pid, signal.SIGSTOP)
         try:
@@ -68,7 +68,7 @@ def test_a_paused_server_is_not_taken_for_a_hung_job_and_acts_once(tmp_path):
         during.join(timeout=30)
         assert answered["r"].status_code == 201, answered["r"].text
         until(lambda: all(j["state"] == "done" for j in http.get("/v1/jobs").json()), 120,
-              "both jobs done")
+              "both jobs done", every=0.1)
         kinds = [e["kind"] for e in http.get(f"/v1/jobs/{job['id']}/events").json()]
         assert "restarted" not in kinds and kinds.count("done") == 1, kinds
         other = answered["r"].json()["id"]
@@ -83,7 +83,7 @@ def test_a_job_silent_past_the_hang_limit_is_restarted_said_why_and_counted(
     with running(tmp_path, args=("--hang-after", "5")) as srv:
         http, job = submitted(srv, "hangs.py", HANGS_ONCE)
         until(lambda: http.get(f"/v1/jobs/{job['id']}").json()["state"] == "done", 120,
-              "the job done")
+              "the job done", every=0.1)
         events = http.get(f"/v1/jobs/{job['id']}/events").json()
         (restarted,) = [e for e in events if e["kind"] == "restarted"]
         assert "hung: no report from any rank for 5 s" in restarted["data"]["reason"]

@@ -5,6 +5,7 @@ for this file."""
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import threading
 import time
@@ -31,22 +32,117 @@ from gandiva.spec import JobSpec  # noqa: E402
 pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("ray")]
 
 
+# A job that must still run when the test acts on it runs long enough for that on a loaded
+# machine; the tests that prove a bit-identical end share two such jobs, so each reference
+# run (an uninterrupted run, alone) is made once: the cnn small (--width 4 --batch 8: 6,000
+# steps, ~9 s), the MLP gang's shards small (a 4-rank gang: ~6 s)
+SMALL = ("--width", "4", "--batch", "8")  # a cnn of 1.5 ms a step, not 3.4
+CNN = ("--steps", "6000", "--seed", "7", *SMALL)
+MLP = ("--steps", "500", "--seed", "4", "--shard-size", "4")
+
+
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
+    # nothing runs on the head (no CPU: no idle workers started there), nor needs the
+    # autoscaler's monitor or a log monitor (the driver reads no worker's output); a worker
+    # node's one CPU starts the one worker process its agent takes
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "num_gpus": 0, "no_monitor": True, "include_log_monitor": False})
     for _ in range(3):
-        c.add_node(num_cpus=2, num_gpus=2)
+        c.add_node(num_cpus=1, num_gpus=2)
     ray.init(address=c.address, logging_level="warning", log_to_driver=False)
     yield c
     ray.shutdown()
     c.shutdown()
 
 
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """``reference(script, *args)`` run once for the module."""
+    made: dict[tuple[str, ...], dict] = {}
+
+    def get(script: str, *args: str) -> dict:
+        if (script, *args) not in made:
+            made[script, *args] = reference(tmp_path_factory.mktemp("ref"), script, *args)
+        return made[script, *args]
+    return get
+
+
+def warm(nodes: RayNodes) -> RayNodes:
+    """Until every node's zygote has imported torch: none of the test's jobs starts cold
+    (~2.5 s of CPU each, on a machine of two cores)."""
+    for actor in nodes.actors:
+        until(lambda a=actor: ray.get(a.warm_ready.remote()), what="a node's warm zygote",
+              every=0.1)
+    return nodes
+
+
+@pytest.fixture(scope="module")
+def pool(cluster):
+    """The module's shared ``RayNodes``, while one is open (at most one: its agents claim
+    every GPU)."""
+    held: dict[str, RayNodes] = {}
+    yield held
+    if "nodes" in held:
+        held.pop("nodes").close()
+
+
+class _Fresh(queue.Queue):
+    """A test's events from the shared nodes: none of an earlier test's jobs (a killed
+    job's last profile may come after its test)."""
+
+    def __init__(self, earlier: set[str]) -> None:
+        super().__init__()
+        self.earlier = earlier
+
+    def put(self, item, block=True, timeout=None) -> None:
+        if item.job_id not in self.earlier:
+            super().put(item, block, timeout)
+
+
+class _Lent:
+    """The shared nodes as a test's own: a driver's ``close`` at the end of its run leaves
+    them open for the next test."""
+
+    def __init__(self, nodes: RayNodes) -> None:
+        self._nodes = nodes
+
+    def __getattr__(self, name: str):
+        return getattr(self._nodes, name)
+
+    def close(self) -> None:
+        pass
+
+
 @pytest.fixture
-def nodes(cluster, tmp_path):
-    n = RayNodes(tmp_path / "head", checkpoint_every_s=0.5)
-    yield n
-    n.close()
+def nodes(pool, tmp_path_factory):
+    """For a test that stops no node and no agent: the module's ``RayNodes`` (started, and
+    its zygotes warm, once), its events from this test's jobs only; the test's jobs still
+    running after it are killed."""
+    if "nodes" not in pool:
+        pool["nodes"] = warm(RayNodes(tmp_path_factory.mktemp("ray") / "head",
+                                      checkpoint_every_s=0.5))
+    n = pool["nodes"]
+    n.events = _Fresh(set(n.launches))
+    yield _Lent(n)
+    for job_id in list(n.jobs):
+        n.kill(job_id)
+
+
+@pytest.fixture
+def own_nodes(pool, tmp_path):
+    """``make(**options)``: a test's own ``RayNodes`` (for a test that loses, stops or adds
+    a node), its zygotes warm; the shared one is closed first."""
+    made: list[RayNodes] = []
+
+    def make(**options) -> RayNodes:
+        if "nodes" in pool:
+            pool.pop("nodes").close()
+        made.append(RayNodes(tmp_path / "head", **{"checkpoint_every_s": 0.5, **options}))
+        return warm(made[-1])
+    yield make
+    for n in made:
+        n.close()
 
 
 def cnn(*args: str) -> Launch:
@@ -69,7 +165,8 @@ def test_agents_claim_every_gpu_and_placement_follows_the_policy(nodes):
     for i in range(3):  # fifo keeps each gang on one server: one per node
         backend.submit(JobSpec(f"g{i}", 0.0, 2, "unknown"),
                        Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), "--steps", "100"]))
-    backend.submit(JobSpec("late", 1.0, 1, "unknown"), cnn("--steps", "100"))
+    backend.submit(JobSpec("late", 1.0, 1, "unknown"),
+                   cnn("--steps", "100", *SMALL))
     result = backend.run(timeout=300)
     assert all(r.status == "done" for r in result.jobs), [(r.spec.id, r.reason)
                                                           for r in result.jobs]
@@ -81,10 +178,9 @@ def test_agents_claim_every_gpu_and_placement_follows_the_policy(nodes):
     assert "done: 100 steps" in log.read_text()
 
 
-def test_a_job_migrated_to_another_node_ends_bit_identical(nodes, tmp_path):
-    args = ("--steps", "1500", "--seed", "5")
-    ref = reference(tmp_path, "cnn.py", *args)
-    nodes.start("m", cnn(*args), (0,))  # node 0
+def test_a_job_migrated_to_another_node_ends_bit_identical(nodes, references):
+    ref = references("cnn.py", *CNN)
+    nodes.start("m", cnn(*CNN), (0,))  # node 0
     wait(lambda: checkpoint.steps(node_checkpoints(nodes, 0, "m")), what="a checkpoint")
     nodes.restart("m", (3,))  # device 3 is on node 1: checkpoint, object store, restore
     assert nodes.jobs["m"] == (1,)
@@ -102,7 +198,7 @@ import time
 import gandiva.job as gj
 job = gj.init()
 for step in job.steps(1000):
-    time.sleep(8)
+    time.sleep(8 if step else 0.3)  # the first reported at once (after 0.25 s), then slow
     job.report(samples=1)
 """
 
@@ -126,7 +222,7 @@ def test_actions_on_different_jobs_go_on_at_once(nodes, tmp_path):
     # no event says that a suspend is under way on its node: half a second puts it there,
     # well inside the up to 8 s it waits for the boundary (a wait is what is tested)
     time.sleep(0.5)
-    nodes.start("quick", cnn("--steps", "10"), (2,))  # device 2 is on node 1
+    nodes.start("quick", cnn("--steps", "10", *SMALL), (2,))  # device 2 is on node 1
     ended["start"] = time.monotonic()
     t.join(timeout=60)
     assert ended["start"] < ended["suspend"], ended  # the start did not queue behind it
@@ -134,16 +230,15 @@ def test_actions_on_different_jobs_go_on_at_once(nodes, tmp_path):
     nodes.kill("quick")
 
 
-def test_a_gang_over_two_nodes_trains_and_is_time_sliced(nodes, tmp_path):
+def test_a_gang_over_two_nodes_trains_and_is_time_sliced(nodes, references):
     """Two 4-rank gangs on three 2-device nodes: each spans two nodes (torchrun rendezvous
     across them), and they take turns; both end bit-identical to an uninterrupted run."""
-    args = ("--steps", "800", "--seed", "3")  # about 12 s each: several turns of 3 s
-    ref = reference(tmp_path, "elastic_mlp.py", *args)
-    backend = Driver(make_policy("slicer:quantum=3"), nodes.workdir, nodes=nodes,
+    ref = references("elastic_mlp.py", *MLP)  # about 6 s each: several turns of 2 s
+    backend = Driver(make_policy("slicer:quantum=2"), nodes.workdir, nodes=nodes,
                      feedback_steps=20)
     for name in ("a", "b"):
         backend.submit(JobSpec(name, 0.0, 4, "unknown"),
-                       Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), *args]))
+                       Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), *MLP]))
     result = backend.run(timeout=400)
     recs = {r.spec.id: r for r in result.jobs}
     assert all(r.status == "done" and r.restarts == 0 for r in recs.values()), [
@@ -158,13 +253,12 @@ def test_a_gang_over_two_nodes_trains_and_is_time_sliced(nodes, tmp_path):
         assert_identical(checkpoint.latest(node_checkpoints(nodes, last, name))[1], ref)
         other = nodes.plans[name][1][0]  # ranks 2 and 3 ran on the other node
         log = (node_checkpoints(nodes, other, name).parent / "rank3.log").read_text()
-        assert "done: 800 steps on 4 rank(s)" in log
+        assert f"done: {MLP[1]} steps on 4 rank(s)" in log
 
 
-def test_a_crashed_rank_restarts_its_whole_gang_and_the_gang_moves_as_one(nodes, tmp_path):
-    args = ("--steps", "2000", "--seed", "4")
-    ref = reference(tmp_path, "elastic_mlp.py", *args)
-    nodes.start("g", Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), *args]), (0, 1, 2, 3))
+def test_a_crashed_rank_restarts_its_whole_gang_and_the_gang_moves_as_one(nodes, references):
+    ref = references("elastic_mlp.py", *MLP)
+    nodes.start("g", Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), *MLP]), (0, 1, 2, 3))
     assert nodes.jobs["g"] == (0, 1)
     wait(lambda: checkpoint.steps(node_checkpoints(nodes, 0, "g")), what="a checkpoint")
     pids = node_checkpoints(nodes, 1, "g").parent / "pids"  # ranks 2 and 3, on node 1
@@ -189,7 +283,7 @@ def test_a_crashed_rank_restarts_its_whole_gang_and_the_gang_moves_as_one(nodes,
 
 
 def test_a_move_whose_destination_cannot_take_it_fails_with_the_reason(nodes):
-    nodes.start("x", cnn("--steps", "100000"), (0,))
+    nodes.start("x", cnn("--steps", "100000", *SMALL), (0,))
     wait(lambda: checkpoint.steps(node_checkpoints(nodes, 0, "x")), what="a checkpoint")
     blocked = node_checkpoints(nodes, 1, "x")
     blocked.parent.mkdir(parents=True)
@@ -204,14 +298,15 @@ def test_a_move_whose_destination_cannot_take_it_fails_with_the_reason(nodes):
     assert "x" not in nodes.jobs
 
 
-def test_a_lost_node_s_jobs_finish_elsewhere_from_their_checkpoints(nodes, cluster, tmp_path):
-    args = ("--steps", "2500", "--seed", "7")
-    ref = reference(tmp_path, "cnn.py", *args)
+def test_a_lost_node_s_jobs_finish_elsewhere_from_their_checkpoints(own_nodes, cluster,
+                                                                    references):
+    nodes = own_nodes()
+    ref = references("cnn.py", *CNN)
     backend = Driver(make_policy("fifo"), nodes.workdir, nodes=nodes, feedback_steps=20)
     # fifo fills node 0 with the 2-device bystander, and puts the victim on node 1
     backend.submit(JobSpec("bystander", 0.0, 2, "unknown"),
-                   Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), "--steps", "1500"]))
-    backend.submit(JobSpec("victim", 0.0, 1, "unknown"), cnn(*args))
+                   Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), "--steps", "800"]))
+    backend.submit(JobSpec("victim", 0.0, 1, "unknown"), cnn(*CNN))
     out = {}
     loop = threading.Thread(target=lambda: out.update(result=backend.run(timeout=400)))
     loop.start()
@@ -233,42 +328,38 @@ def test_a_lost_node_s_jobs_finish_elsewhere_from_their_checkpoints(nodes, clust
 
 
 def test_a_silent_agent_s_node_is_lost_its_job_ended_there_and_finished_elsewhere(
-        cluster, tmp_path):
+        own_nodes, references):
     """A node agent stopped (SIGSTOP: its process and connections stay, it answers nothing)
     is given ``silent_s``, then ended: its job's process there ends with it (no second copy
     trains on), and the job finishes on another node from its checkpoint, bit-identical."""
-    nodes = RayNodes(tmp_path / "head", checkpoint_every_s=0.5, silent_s=5.0)
+    nodes = own_nodes(silent_s=5.0)
+    ref = references("cnn.py", *CNN)
+    backend = Driver(make_policy("fifo"), nodes.workdir, nodes=nodes, feedback_steps=20)
+    backend.submit(JobSpec("victim", 0.0, 1, "unknown"), cnn(*CNN))
+    out = {}
+    loop = threading.Thread(target=lambda: out.update(result=backend.run(timeout=400)))
+    loop.start()
+    wait(lambda: "victim" in nodes.jobs
+         and checkpoint.steps(nodes.workdir / "replicas" / "victim"), what="a replica")
+    (silent,) = nodes.jobs["victim"]
+    pids = node_checkpoints(nodes, silent, "victim").parent / "pids"
+    job_pid = int(pids.read_text().split()[0])
+    agent_pid = nodes.infos[silent]["pid"]
+    os.kill(agent_pid, signal.SIGSTOP)
     try:
-        args = ("--steps", "2500", "--seed", "7")
-        ref = reference(tmp_path, "cnn.py", *args)
-        backend = Driver(make_policy("fifo"), nodes.workdir, nodes=nodes, feedback_steps=20)
-        backend.submit(JobSpec("victim", 0.0, 1, "unknown"), cnn(*args))
-        out = {}
-        loop = threading.Thread(target=lambda: out.update(result=backend.run(timeout=400)))
-        loop.start()
-        wait(lambda: "victim" in nodes.jobs
-             and checkpoint.steps(nodes.workdir / "replicas" / "victim"), what="a replica")
-        (silent,) = nodes.jobs["victim"]
-        pids = node_checkpoints(nodes, silent, "victim").parent / "pids"
-        job_pid = int(pids.read_text().split()[0])
-        agent_pid = nodes.infos[silent]["pid"]
-        os.kill(agent_pid, signal.SIGSTOP)
-        try:
-            wait(lambda: not nodes.alive[silent], timeout=60, what="the silent node lost")
-            wait(lambda: not _running(job_pid), timeout=30, what="the job's old process gone")
-        finally:
-            try:
-                os.kill(agent_pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass  # ended, as it should be
-        loop.join(timeout=450)
-        (rec,) = out["result"].jobs
-        assert rec.status == "done" and rec.restarts == 1
-        now = nodes.where[rec.devices[0]][0]
-        assert now != silent
-        assert_identical(checkpoint.latest(node_checkpoints(nodes, now, "victim"))[1], ref)
+        wait(lambda: not nodes.alive[silent], timeout=60, what="the silent node lost")
+        wait(lambda: not _running(job_pid), timeout=30, what="the job's old process gone")
     finally:
-        nodes.close()
+        try:
+            os.kill(agent_pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass  # ended, as it should be
+    loop.join(timeout=450)
+    (rec,) = out["result"].jobs
+    assert rec.status == "done" and rec.restarts == 1
+    now = nodes.where[rec.devices[0]][0]
+    assert now != silent
+    assert_identical(checkpoint.latest(node_checkpoints(nodes, now, "victim"))[1], ref)
 
 
 def _running(pid: int) -> bool:
@@ -279,12 +370,14 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_the_logs_of_a_job_and_of_a_gang_s_rank_outlive_the_node_they_ran_on(nodes, cluster):
+def test_the_logs_of_a_job_and_of_a_gang_s_rank_outlive_the_node_they_ran_on(own_nodes,
+                                                                             cluster):
     """A job, and rank 1 of a gang over two nodes, finish on a node that then dies: both
     logs read through the backend (as the API reads them) whole, from the head's copy."""
+    nodes = own_nodes()
     lost = len(nodes.infos) - 1
     there = [d for d, (node, _) in enumerate(nodes.where) if node == lost]
-    nodes.start("solo", cnn("--steps", "100"), (there[0],))
+    nodes.start("solo", cnn("--steps", "100", *SMALL), (there[0],))
     nodes.start("gang", Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), "--steps", "100"]),
                 (0, there[1]))  # rank 0 on node 0, rank 1 on the node that dies
     done: set[str] = set()
@@ -305,15 +398,28 @@ def test_the_logs_of_a_job_and_of_a_gang_s_rank_outlive_the_node_they_ran_on(nod
     assert nodes.read_log("solo", 0, offset=10) == written["solo", 0][10:]  # as logs -f reads
 
 
-def test_a_node_that_joins_takes_queued_work(nodes, cluster):
+BUSY = """
+import time
+import gandiva.job as gj
+job = gj.init()
+for step in job.steps(100000):
+    time.sleep(0.2)
+    job.report(samples=1)
+"""
+
+
+def test_a_node_that_joins_takes_queued_work(own_nodes, cluster, tmp_path):
     """Runs last: it adds a node to the module's cluster."""
+    nodes = own_nodes()
+    script = tmp_path / "busy.py"  # a gang that holds its devices, and sleeps: the CPUs are
+    script.write_text(BUSY)        # the new node's start's
     backend = Driver(make_policy("fifo"), nodes.workdir, nodes=nodes, feedback_steps=20)
     before = len(nodes.infos)
     # a gang on every device there is, and a job queued behind it for want of devices
     backend.submit(JobSpec("big", 0.0, len(nodes.devices), "unknown"),
-                   Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), "--steps", "100000"]))
+                   Launch(["{python}", str(script)]))
     backend.submit(JobSpec("late", 0.0, 2, "unknown"),
-                   Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), "--steps", "300"]))
+                   Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), "--steps", "100"]))
     out = {}
     loop = threading.Thread(target=lambda: out.update(result=backend.run(timeout=400)))
     loop.start()
@@ -321,7 +427,7 @@ def test_a_node_that_joins_takes_queued_work(nodes, cluster):
         wait(lambda: backend.records["big"].status == "running", what="the big gang to start")
         wait(lambda: backend.explain("late")["reason"].startswith("waiting for 2 free device"),
              timeout=10, what="late to wait for devices")
-        cluster.add_node(num_cpus=2, num_gpus=2)
+        cluster.add_node(num_cpus=1, num_gpus=2)
         wait(lambda: backend.records["late"].status == "done", timeout=180,
              what="late to finish on the new node")
         assert len(nodes.infos) == len(backend.cluster.nodes) == before + 1

@@ -160,6 +160,13 @@ class Metrics(Observer):
         yield GaugeMetricFamily("gandiva_loop_longest_pause_seconds", "The longest time "
                                 "the scheduler's loop took between two turns, since start",
                                 value=b.longest_pause)
+        warm_ready = getattr(b.agent, "warm_ready", None)  # (nodes that start jobs warm)
+        if warm_ready is not None:
+            yield GaugeMetricFamily("gandiva_warm_starts_ready", "1 while a Python job would "
+                                    "start warm (forked from a zygote with its imports done);"
+                                    " 0 while jobs start cold (the zygote is still importing,"
+                                    " is being replaced, or warm starts are off)",
+                                    value=float(warm_ready()))
         util = b.samples[-1][2] if b.samples else 0.0
         yield GaugeMetricFamily("gandiva_device_utilisation_ratio", "Mean device utilisation "
                                 "the running jobs report (0..1), at the latest sample",
