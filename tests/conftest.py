@@ -80,3 +80,11 @@ def db_url(request, tmp_path):
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'gandiva.db'}"
     return request.getfixturevalue("postgres").create_database()
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: a worker per core and one more. The real-process tests wait on real time
+    (a quantum, a hang limit, a job's slow mini-batch) as much as they compute, and the
+    extra worker's tests fill those waits."""
+    return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1) + 1

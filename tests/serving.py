@@ -66,15 +66,21 @@ def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str | None 
     import httpx2
 
     tokens = {u: add_user(home, u, db=db) for u in users}
-    port, log = free_port(), home / "server.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen([*GANDIVA, "server", "--home", str(home), "--port", str(port),
+    log = home / "server.log"
+    with log.open("w") as out:  # port 0: the server binds a free one itself (no race)
+        proc = subprocess.Popen([*GANDIVA, "server", "--home", str(home), "--port", "0",
                                  "--slots", str(slots),
                                  *(["--policy", policy] if policy else []),
                                  *(["--db", db] if db else []), *args],
                                 stdout=out, stderr=subprocess.STDOUT,
                                 env={**CPU_ONLY, **(env or {})})
-    srv = Server(f"http://127.0.0.1:{port}", home, tokens, proc)
+    try:
+        url = listening(log, proc, up_s)
+    except AssertionError:
+        stop(proc)
+        raise
+    srv = Server(url, home, tokens, proc)
+
     def up() -> bool:
         try:
             return httpx2.get(f"{srv.url}/v1/whoami", timeout=2, headers={
@@ -92,6 +98,21 @@ def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str | None 
         yield srv
     finally:
         stop(proc)
+
+
+def listening(log: Path, proc: subprocess.Popen, timeout: float = 60) -> str:
+    """The URL a server started with ``--port 0`` serves, from uvicorn's line in its log
+    (a port chosen by the test and bound later by the server can be taken meanwhile)."""
+    def said() -> str | None:
+        for line in log.read_text(errors="replace").splitlines():
+            if "Uvicorn running on " in line:
+                return line.split("Uvicorn running on ")[1].split()[0]
+        return None
+    try:
+        return until(said, timeout, "the server to listen", alive=lambda: proc.poll() is None,
+                     every=0.05)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{log.read_text(errors='replace')}") from None
 
 
 def warm(url: str, timeout: float = 60, proc: subprocess.Popen | None = None) -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-from serving import free_port
 from waiting import first_ok, until
 
 pytest.importorskip("torch")
@@ -68,12 +67,12 @@ def test_a_chunked_body_is_answered_413_as_it_passes_the_limit_not_read_to_its_e
     """Over a real socket to a real uvicorn: the answer comes while the client is still
     sending, after about the limit, not after the 100 MB it offers."""
     _, tokens, _, service = api
-    port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(service, max_body_bytes=BODY_LIMIT),
-                                           port=port, log_level="warning"))
+                                           port=0, log_level="warning"))  # a free port
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     until(lambda: server.started, 60, "uvicorn to start")
+    port = server.servers[0].sockets[0].getsockname()[1]
     try:
         with socket.create_connection(("127.0.0.1", port)) as conn:
             conn.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
