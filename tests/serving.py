@@ -74,12 +74,6 @@ def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str | None 
                                  *(["--db", db] if db else []), *args],
                                 stdout=out, stderr=subprocess.STDOUT,
                                 env={**CPU_ONLY, **(env or {})})
-    try:
-        url = listening(log, proc, up_s)
-    except AssertionError:
-        stop(proc)
-        raise
-    srv = Server(url, home, tokens, proc)
 
     def up() -> bool:
         try:
@@ -90,6 +84,7 @@ def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str | None 
 
     try:
         try:
+            srv = Server(listening(log, proc, up_s), home, tokens, proc)
             until(up, up_s, "the server to answer", alive=lambda: proc.poll() is None,
                   every=0.1)
             warm(srv.url, up_s, proc)
@@ -108,11 +103,8 @@ def listening(log: Path, proc: subprocess.Popen, timeout: float = 60) -> str:
             if "Uvicorn running on " in line:
                 return line.split("Uvicorn running on ")[1].split()[0]
         return None
-    try:
-        return until(said, timeout, "the server to listen", alive=lambda: proc.poll() is None,
-                     every=0.05)
-    except AssertionError as e:
-        raise AssertionError(f"{e}\n{log.read_text(errors='replace')}") from None
+    return until(said, timeout, "the server to listen", alive=lambda: proc.poll() is None,
+                 every=0.05)
 
 
 def warm(url: str, timeout: float = 60, proc: subprocess.Popen | None = None) -> None:
