@@ -55,22 +55,12 @@ import json, os, sys
 runs = json.load(sys.stdin)
 for name in sys.argv[1:]:
     __import__(name)
-from gandiva.job import warm
+from gandiva.job import warm, wire
 pids = {}
 for i, run in enumerate(runs):
     pid = os.fork()
-    if pid == 0:
-        log = os.open(run["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
-        os.environ.clear()
-        os.environ.update(run["env"])
-        os.chdir(run["cwd"])
-        sys.argv = run["argv"]
-        sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
-        warm.set_threads()
-        warm.run(sys.argv[0])  # exits as python script.py does, never returns
+    if pid == 0:  # as a warm job starts, with no agent: exits as python script.py does
+        warm.enter(wire.Become(run["argv"], run["env"], run["cwd"], run["log"]))
     pids[pid] = i
 codes = [None] * len(runs)
 while pids:

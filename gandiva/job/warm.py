@@ -104,13 +104,20 @@ def become(channel: socket.socket) -> None:
     fd = channel.detach()  # the fd stays open: it is the job's control channel now
     go = wire.command(line)
     assert isinstance(go, wire.Become), go
+    enter(go, fd)
+
+
+def enter(go: wire.Become, control_fd: int | None = None) -> None:
+    """Become the job ``go`` names in this process (its log, environment, directory and
+    arguments) and run its script; ``control_fd``: its channel to the agent, if it has one."""
     log = os.open(go.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(log, 1)  # from here on, errors go to the job's own log
     os.dup2(log, 2)
     os.close(log)
     os.environ.clear()
     os.environ.update(go.env)
-    os.environ["GANDIVA_CONTROL_FD"] = str(fd)
+    if control_fd is not None:
+        os.environ["GANDIVA_CONTROL_FD"] = str(control_fd)
     os.chdir(go.cwd)
     sys.argv = go.argv
     sys.path[0] = os.path.dirname(os.path.abspath(go.argv[0]))
