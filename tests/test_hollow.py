@@ -5,6 +5,7 @@ to the next deadline whenever both wait with nothing to do; nothing sleeps."""
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 
 import pytest
 
@@ -95,35 +96,62 @@ def test_a_job_of_an_unknown_model_fails_naming_it_and_the_rest_run(tmp_path):
 
 
 class StalledServer(HollowNodes):
-    """Hollow nodes where every action on server 0 waits until ``release`` is set."""
+    """Hollow nodes where server 0 carries out no action until ``release()``: each is a
+    future that its node completes only after that, as a node that stopped answering."""
 
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)
-        self.release = threading.Event()
+        self.released = False
         self.stalled: set[str] = set()
+        self._held: list[Callable[[], None]] = []
+        self._hold_lock = threading.Lock()
 
-    def _stall(self, job_id: str, devices=()) -> None:
+    def release(self) -> None:
+        """Server 0 answers again: what it held is carried out now, on this thread (so
+        before the test moves the clock on)."""
+        with self._hold_lock:
+            self.released, held = True, self._held
+        for carry_out in held:
+            carry_out()
+
+    def _stall(self, job_id: str, devices, act: Callable[[], Future | None]) -> Future | None:
         job = self.jobs.get(job_id)
         on = set(devices) | set(job.devices if job else ())
-        if any(self.server_of(d) == 0 for d in on):
-            self.stalled.add(job_id)
-            self.release.wait()
+        if not any(self.server_of(d) == 0 for d in on):
+            return act()
+        answer: Future = Future()
+
+        def carry_out() -> None:
+            try:
+                later = act()
+            except Exception as e:  # noqa: BLE001 - the action's error, as a node gives it
+                answer.set_exception(e)
+                return
+            if later is None:
+                answer.set_result(None)
+            else:
+                later.add_done_callback(lambda f: answer.set_exception(f.exception())
+                                        if f.exception() else answer.set_result(None))
+        with self._hold_lock:
+            if not self.released:
+                self.stalled.add(job_id)
+                self._held.append(carry_out)
+                return answer
+        carry_out()
+        return answer
 
     def start(self, job_id, launch, devices):
-        self._stall(job_id, devices)
-        return super().start(job_id, launch, devices)
+        return self._stall(job_id, devices,
+                           lambda: HollowNodes.start(self, job_id, launch, devices))
 
     def suspend(self, job_id):
-        self._stall(job_id)
-        return super().suspend(job_id)
+        return self._stall(job_id, (), lambda: HollowNodes.suspend(self, job_id))
 
     def resume(self, job_id, devices):
-        self._stall(job_id, devices)
-        return super().resume(job_id, devices)
+        return self._stall(job_id, devices, lambda: HollowNodes.resume(self, job_id, devices))
 
     def restart(self, job_id, devices):
-        self._stall(job_id, devices)
-        return super().restart(job_id, devices)
+        return self._stall(job_id, devices, lambda: HollowNodes.restart(self, job_id, devices))
 
 
 @pytest.mark.timeout(120)
@@ -140,7 +168,7 @@ def test_a_node_that_stalls_every_action_holds_up_neither_the_loop_nor_other_ser
             r.status == "done" for r in backend.records.values()) >= 6, limit=60)
         # server 0 has not carried out a single action, yet the others ran jobs to the end,
         # taking turns (suspends confirmed on servers 1 and 2), and the loop answers
-        assert not nodes.release.is_set() and nodes.stalled
+        assert not nodes.released and nodes.stalled
         done_on = {d // 2 for r in backend.records.values() if r.status == "done"
                    for d in r.devices}
         assert done_on and 0 not in done_on
@@ -148,7 +176,7 @@ def test_a_node_that_stalls_every_action_holds_up_neither_the_loop_nor_other_ser
         assert confirmed
         assert backend.cluster.transitions  # server 0's jobs: decided, not confirmed
     finally:
-        nodes.release.set()
+        nodes.release()
     clock.run_until(lambda: all(r.status == "done" for r in backend.records.values()),
                     limit=60)  # then all end
     stop(backend, clock, loop)

@@ -30,6 +30,13 @@ class Clock(Protocol):
         ``queue.Empty``; ``INF``: no limit; ``NO_WAIT``: what is there now). Whoever waits
         on a clock takes every item of ``q`` through it."""
 
+    def hold(self) -> None:
+        """Something is under way on a thread that does not wait on this clock (a courier
+        handing a node its action): time must not move until it is ``let_go``."""
+
+    def let_go(self) -> None:
+        """The end of one ``hold``."""
+
 
 class WallClock:
     def now(self) -> float:
@@ -39,6 +46,12 @@ class WallClock:
         if until == NO_WAIT:
             return q.get_nowait()
         return q.get(timeout=None if until == INF else max(0.0, until - time.monotonic()))
+
+    def hold(self) -> None:
+        pass  # (wall time moves regardless)
+
+    def let_go(self) -> None:
+        pass
 
 
 class _Due:
@@ -54,6 +67,7 @@ class VirtualClock:
         self._waiting: dict[_Due, tuple[float, queue.Queue]] = {}
         self._waiter: dict[_Due, threading.Thread] = {}
         self._threads: set[threading.Thread] = set()  # every thread that has waited here
+        self._held = 0  # ``hold``s not yet let go
 
     def now(self) -> float:
         with self._changed:
@@ -92,6 +106,15 @@ class VirtualClock:
                     q.task_done()
                 self._changed.notify_all()
 
+    def hold(self) -> None:
+        with self._changed:
+            self._held += 1
+
+    def let_go(self) -> None:
+        with self._changed:
+            self._held -= 1
+            self._changed.notify_all()
+
     def advance(self, to: float | None = None) -> float:
         """Move the clock to ``to`` (None: the earliest deadline anyone waits for) and wake
         whoever waits for a deadline that has come; the time it reads now."""
@@ -108,10 +131,10 @@ class VirtualClock:
 
     def idle(self) -> bool:
         """Whether every live thread that has waited on this clock waits on it now with
-        nothing to do: nothing happens until the clock moves. (Nearly: a thread that never
-        waits here, such as a courier's worker about to hand a node its action, is not seen;
-        the clock may move on before that action reaches the node, by the loop's wait at
-        most.)"""
+        nothing to do, and nothing is held (``hold``): nothing happens until the clock moves.
+        Decision: a courier holds the clock while a worker hands a node its action; else a
+        worker kept off the CPU under load saw the clock run on without it (a minute of
+        virtual time, once, in a test of a stalled node)."""
         with self._changed:
             return self._idle()
 
@@ -122,7 +145,8 @@ class VirtualClock:
 
     def _idle(self) -> bool:
         self._threads = {t for t in self._threads if t.is_alive()}
-        return (bool(self._waiting) and self._threads <= set(self._waiter.values())
+        return (bool(self._waiting) and not self._held
+                and self._threads <= set(self._waiter.values())
                 and all(q.unfinished_tasks == 0 for _, q in self._waiting.values()))
 
     def run_until(self, done: Callable[[], bool], limit: float = 3600.0,

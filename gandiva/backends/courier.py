@@ -79,6 +79,8 @@ class Courier:
         except BaseException as e:  # noqa: BLE001 - reported to the loop, never lost
             self._end(task, e)
             return
+        finally:
+            self.clock.let_go()  # (held from _submit: the node has the action now)
         if isinstance(later, Future):  # the node answers later; the thread is free now
             later.add_done_callback(lambda f: self._end(
                 task, CancelledError("the node closed first") if f.cancelled() else f.exception()))
@@ -108,10 +110,18 @@ class Courier:
                 self._submit(after)
 
     def _submit(self, task: Task) -> None:
+        self.clock.hold()  # until a worker has handed the task to its node
         try:
-            self._pool.submit(self._run, task)
+            queued = self._pool.submit(self._run, task)
         except RuntimeError as e:  # closed: it is not carried out, and says so
-            self._end(task, e)
+            self._not_run(task, e)
+            return
+        queued.add_done_callback(lambda f: self._not_run(
+            task, CancelledError("the courier closed first")) if f.cancelled() else None)
+
+    def _not_run(self, task: Task, error: BaseException) -> None:
+        self.clock.let_go()
+        self._end(task, error)
 
     def pending(self) -> int:
         """Tasks sent and not ended (waiting or running)."""
