@@ -20,15 +20,15 @@ CPU_ONLY = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # CPU slots, whatever GPU
 # no CPU, where what the test watches is the scheduling, not the learning: a state to
 # checkpoint and restore, and mini-batches that wait rather than compute
 PACED = """\
-import time
+import sys, time
 import torch
 import gandiva.job as gj
 
 job = gj.init()
 job.register(model=torch.nn.Linear(2, 2))
-for step in job.steps(1_000_000):
+for step in job.steps(int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000):
     time.sleep(0.01)
-"""
+"""  # a job that needs a job's life, not its work: 10 ms a step, until stopped or argv[1]
 
 
 def free_port() -> int:

@@ -358,7 +358,7 @@ def test_the_demo_runs_real_jobs_under_each_policy_and_gandiva_takes_turns(tmp_p
     policy is written."""
     out = tmp_path / "demo.json"
     proc = subprocess.run([str(GANDIVA), "demo", "--jobs", "4", "--slots", "2", "--steps",
-                           "1200", "--arrival-gap", "0.5", "--quantum", "1", "--out",
+                           "500", "--arrival-gap", "0.5", "--quantum", "1", "--out",
                            str(tmp_path / "run"), "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr

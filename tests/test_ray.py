@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 os.environ.update({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"})
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
-from test_runtime import EXAMPLES, assert_identical, reference  # noqa: E402
+from test_runtime import EXAMPLES, SMALL, assert_identical, reference  # noqa: E402
 from waiting import until  # noqa: E402
 
 from gandiva import actions as A  # noqa: E402
@@ -36,7 +36,6 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("ray")]
 # machine; the tests that prove a bit-identical end share two such jobs, so each reference
 # run (an uninterrupted run, alone) is made once: the cnn small (--width 4 --batch 8: 6,000
 # steps, ~9 s), the MLP gang's shards small (a 4-rank gang: ~6 s)
-SMALL = ("--width", "4", "--batch", "8")  # a cnn of 1.5 ms a step, not 3.4
 CNN = ("--steps", "6000", "--seed", "7", *SMALL)
 MLP = ("--steps", "500", "--seed", "4", "--shard-size", "4")
 

@@ -20,6 +20,7 @@ from gandiva.node.agent import Agent, AgentError, Launch  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+SMALL = ("--width", "4", "--batch", "8")  # a cnn of 1.5 ms a step, not 3.4
 
 
 def launch(script: str, *args: str) -> Launch:
@@ -301,9 +302,11 @@ def test_local_backend_time_slices_real_jobs_and_each_ends_as_if_alone(zygote, t
 
     backend = Driver(make_policy("slicer:quantum=1"), tmp_path / "run", slots=2,
                      feedback_steps=50, zygote=zygote)
-    args = {f"j{i}": ("--steps", "1500", "--seed", str(i), "--lr", "0.02") for i in range(3)}
+    # (1,000 small steps: a second and a half alone, three turns of a second on two slots)
+    args = {f"j{i}": ("--steps", "1000", "--seed", str(i), "--lr", "0.02", *SMALL)
+            for i in range(3)}
     for jid, a in args.items():
-        backend.submit(JobSpec(jid, 0.0, 1, "cnn", mini_batches=1500), launch("cnn.py", *a))
+        backend.submit(JobSpec(jid, 0.0, 1, "cnn", mini_batches=1000), launch("cnn.py", *a))
     with pytest.raises(ValueError, match="num_gpus=3 but this machine has 2 devices"):
         backend.submit(JobSpec("wide", 0.0, 3, "cnn"), launch("cnn.py"))
     result = backend.run(timeout=300)

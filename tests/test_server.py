@@ -3,7 +3,6 @@ a SQLite file and over a PostgreSQL server."""
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -16,8 +15,6 @@ import pytest
 pytest.importorskip("torch")
 from serving import GANDIVA, PACED, free_port, stop, warm  # noqa: E402
 from waiting import until  # noqa: E402
-
-CNN = str(Path(__file__).resolve().parents[1] / "examples" / "cnn.py")
 
 
 def stat_state(pid: int) -> str:
@@ -103,14 +100,15 @@ def test_server_killed_with_sigkill_loses_no_job_and_resumes_from_checkpoints(tm
     home, port = tmp_path / "home", free_port()
     token = subprocess.run([*GANDIVA, "user", "add", "ada", "--home", str(home), "--db", db_url],
                            check=True, capture_output=True, text=True).stdout.strip()
-    shutil.copy(CNN, home / "users" / "ada" / "cnn.py")  # jobs use files of their user's
+    (home / "users" / "ada" / "paced.py").write_text(PACED)  # jobs use files of their user's
     proc = start(home, db_url, port)
     http = client(port, token)
     try:
         wait_warm(http, proc)
-        # (1000 steps: ~3 s of a core each; the kill comes at the first checkpoint, 0.5 s in)
-        ids = [http.post("/v1/jobs", json={"name": f"cnn{i}", "command":
-                                           ["python", "cnn.py", "--steps", "1000"]}).json()["id"]
+        # (300 steps: 3 s each, three jobs on two slots; the kill comes at the first
+        # checkpoint, 0.5 s in)
+        ids = [http.post("/v1/jobs", json={"name": f"paced{i}", "command":
+                                           ["python", "paced.py", "300"]}).json()["id"]
                for i in range(3)]
         ckpts = home / "run" / "jobs" / ids[0] / "checkpoints"
         until(lambda: ckpts.is_dir() and any(ckpts.iterdir()), 120,  # (no event says a
