@@ -17,7 +17,6 @@ and a 60 s quantum would be longer than most of them.
 from __future__ import annotations
 
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,9 +169,7 @@ def run_demo(cfg: DemoConfig, workdir: Path, on_start=None) -> dict[str, tuple[R
     # that run's agent starts a zygote of its own.
     workdir.mkdir(parents=True, exist_ok=True)
     zygote = start_zygote(workdir)
-    deadline = time.monotonic() + ZYGOTE_WAIT_S
-    while not zygote.ready and zygote.alive and time.monotonic() < deadline:
-        time.sleep(0.05)  # if it never is, the jobs start cold, as they would without it
+    zygote.wait_ready(ZYGOTE_WAIT_S)  # if it never is, the jobs start cold, as without it
     try:
         for name in cfg.policies:
             spec = policy_spec(name, cfg)

@@ -43,12 +43,10 @@ def zygote(tmp_path_factory):
     """One warm zygote for the session's agents (``Agent(..., zygote=zygote)``): torch is
     imported once, not once per test, and no job starts cold while its agent's zygote
     imports. Tests of the zygote itself, and of cold starts, make their own."""
-    from waiting import until
-
     from gandiva.node.agent import start_zygote
 
     z = start_zygote(tmp_path_factory.mktemp("zygote"))
-    until(lambda: z.ready, what="the session's zygote to be ready")
+    assert z.wait_ready(120), "the session's zygote did not get ready"
     yield z
     z.close()
 

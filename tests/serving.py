@@ -109,8 +109,8 @@ def listening(log: Path, proc: subprocess.Popen, timeout: float = 60) -> str:
 
 def warm(url: str, timeout: float = 60, proc: subprocess.Popen | None = None) -> None:
     """Until the server at ``url`` starts jobs warm (``gandiva_warm_starts_ready``): a job
-    submitted before its zygote has imported torch starts cold, a few CPU-seconds more on
-    a machine the tests share."""
+    submitted before its zygote has imported torch waits for that, and a test's timings
+    would count it."""
     import httpx2
 
     with httpx2.Client(base_url=url, timeout=10) as http:

@@ -60,6 +60,9 @@ EXIT_GRACE_S = 60.0
 # rank of its gang there) and is killed and restarted from its checkpoint, as after a crash.
 # Ten minutes: far above a mini-batch, below the hours a hung gang held its GPUs.
 HANG_S = 600.0
+# A start waits this long at most for a zygote still importing: a cold start would spend the
+# same seconds on the same imports, beside the zygote's, on the same cores.
+ZYGOTE_WAIT_S = 60.0
 HUNG = "hung:"  # how a hung job's reason begins (the server counts them by it)
 AWAY_S = 1.0  # the reader looks every 0.05 s: a longer gap means this process was stopped
 # What processes suspended by the library may keep of one GPU together (NVML's count): half
@@ -213,6 +216,9 @@ class Agent:
               gang: Gang | None = None) -> None:
         """Start (or restart, from its latest checkpoint) ``job_id`` on ``devices``; with
         ``gang``, only this node's part of it."""
+        zygote = self._zygote
+        if zygote is not None and zygote.alive and not zygote.ready:
+            zygote.wait_ready(ZYGOTE_WAIT_S)  # (not under the lock: the reader goes on)
         with self._lock:
             old = self.jobs.get(job_id)
             job = _Job(job_id, launch, tuple(devices), restarts=old.restarts if old else 0,
@@ -493,8 +499,9 @@ class Agent:
     def _warmable(self, job: _Job, command: list[str], env: dict[str, str]) -> bool:
         """A Python script can start warm once the zygote is ready, unless its environment
         differs from the zygote's in a variable that acts only when an interpreter or a
-        library starts (PYTHONPATH, OMP_*, LD_*, TORCH*: ``zygote.warm_compatible``); a
-        zygote that died is replaced, and the jobs start cold meanwhile."""
+        library starts (PYTHONPATH, OMP_*, LD_*, TORCH*: ``zygote.warm_compatible``). (``start``
+        waits for a zygote still importing.) A zygote that died is replaced; the start that
+        found it dead goes cold."""
         if not (self.warm and len(command) > 1 and command[0] == self.python
                 and command[1].endswith(".py")):
             return False

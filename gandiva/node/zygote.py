@@ -91,6 +91,7 @@ class Zygote:
         self._forked: list[int] = []
         self._answer = threading.Condition()
         self._ready = threading.Event()
+        self._gone = False  # its channel closed: it will never be ready
         self.env = {**os.environ, **(env or {})}
         ours, theirs = socket.socketpair()
         with open(workdir / "warm.log", "ab") as log:
@@ -111,6 +112,12 @@ class Zygote:
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until its imports are done (``ready``), it died, or ``timeout`` passed."""
+        with self._answer:
+            self._answer.wait_for(lambda: self._ready.is_set() or self._gone, timeout)
+        return self.ready
 
     def fork(self) -> tuple[Forked, socket.socket] | None:
         """A warm process and the agent's end of its control channel."""
@@ -185,4 +192,5 @@ class Zygote:
                         self._exits[msg.pid] = msg.code
                     self._answer.notify_all()
         with self._answer:
+            self._gone = True
             self._answer.notify_all()
