@@ -275,6 +275,10 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 SWITCH_INTERVAL_S = 0.001  # the server's GIL switch interval (see server())
 # the server's garbage-collector thresholds (see server()); Python's default is (700, 10, 10)
 GC_THRESHOLDS = (50_000, 20, 20)
+# Decision: crash-only. A server whose scheduler loop died would go on taking jobs it never
+# runs; it exits instead, with this status (EX_SOFTWARE), and its supervisor starts it again,
+# which is the path every crash already takes: the store has every acknowledged job.
+LOOP_DIED = 70
 GRACE_S = 5  # on SIGTERM, how long open requests and streams get before the drain starts
 
 
@@ -406,8 +410,17 @@ def server(
     log = logging.getLogger("gandiva.server")
     if again:
         log.info("taking up %d unfinished jobs from their last checkpoints", again)
-    loop = threading.Thread(target=loop_backend.run, kwargs={"until_idle": False},
-                            name="gandiva-scheduler", daemon=True)
+    def schedule() -> None:
+        try:
+            loop_backend.run(until_idle=False)
+        except BaseException:  # noqa: BLE001 - crash-only: see LOOP_DIED
+            log.critical("the scheduler loop died: the server exits (status %d) for its "
+                         "supervisor to start it again; every unfinished job resumes then, "
+                         "from its last checkpoint", LOOP_DIED, exc_info=True)
+            logging.shutdown()
+            os._exit(LOOP_DIED)
+
+    loop = threading.Thread(target=schedule, name="gandiva-scheduler", daemon=True)
     loop.start()
     devices = loop_backend.devices
     log.info("gandiva server on http://%s:%d (%s, devices: %s, store: %s)", host, port, policy,

@@ -231,3 +231,57 @@ def test_sigterm_checkpoints_running_jobs_at_their_next_mini_batch_and_a_restart
         flooding.clear()
         if proc.poll() is None:
             stop(proc, timeout=90)
+
+
+# The server with its loop's step made to raise once ``sys.argv[1]`` exists, as a bug would.
+BROKEN_LOOP = """\
+import sys
+from pathlib import Path
+from gandiva.backends.driver import Driver
+from gandiva.cli import app
+
+flag, step = Path(sys.argv.pop(1)), Driver._step
+
+def broken(self):
+    if flag.exists():
+        raise RuntimeError("a bug in the loop")
+    step(self)
+
+Driver._step = broken
+app(prog_name="gandiva")
+"""
+
+
+def test_a_server_whose_loop_died_exits_and_a_restart_runs_its_jobs(tmp_path):
+    """Crash-only: a server that can no longer schedule exits non-zero at once, rather than
+    take jobs it would never run; started again, it runs them."""
+    import sys
+
+    home, db = tmp_path / "home", str(tmp_path / "g.db")
+    token = subprocess.run([*GANDIVA, "user", "add", "ada", "--home", str(home), "--db", db],
+                           check=True, capture_output=True, text=True).stdout.strip()
+    (home / "users" / "ada" / "paced.py").write_text(PACED)
+    (tmp_path / "broken.py").write_text(BROKEN_LOOP)
+    flag, port = tmp_path / "break", free_port()
+    args = ["server", "--home", str(home), "--db", db, "--port", str(port), "--slots", "1"]
+    log = tmp_path / "server.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen([sys.executable, str(tmp_path / "broken.py"), str(flag), *args],
+                                stdout=out, stderr=subprocess.STDOUT)
+    proc.log = log
+    http = client(port, token)
+    try:
+        wait_warm(http, proc)
+        job = http.post("/v1/jobs", json={"name": "p", "command": ["python", "paced.py", "100"]}
+                        ).json()["id"]
+        follow(http, lambda events: any(e["data"].get("steps", 0) > 0 for e in of(job, events)))
+        flag.touch()
+        assert proc.wait(timeout=60) == 70, output(proc)
+        assert "the scheduler loop died" in output(proc)
+        proc = launch(args[1:], log)
+        wait_up(http, proc)
+        follow(http, lambda events: any(e["kind"] == "done" for e in of(job, events)))
+        assert http.get(f"/v1/jobs/{job}").json()["state"] == "done"
+    finally:
+        if proc.poll() is None:
+            stop(proc)

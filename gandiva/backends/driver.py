@@ -33,7 +33,7 @@ from gandiva.backends.explain import Seen
 from gandiva.backends.nodes import AgentEvent, Launch, Nodes
 from gandiva.backends.requests import Request, Requests
 from gandiva.job import wire
-from gandiva.node.agent import ACK_TIMEOUT_S, HANG_S, Agent
+from gandiva.node.agent import ACK_TIMEOUT_S, BAD_REPORT, HANG_S, Agent
 from gandiva.node.devices import HEADROOM
 from gandiva.node.zygote import Zygote
 from gandiva.run import COUNTED, JobRun, RunResult, no_counts
@@ -65,6 +65,11 @@ def detect_devices(slots: int | None = None, threads: int = 1) -> tuple[list[str
 def one_node(devices: list[str], kind: str, memory_gb: float) -> Cluster:
     gpus = [GPU(i, 0, i, 0, kind, memory_gb) for i in range(len(devices))]
     return Cluster([Node(0, 0, [g.id for g in gpus])], gpus)
+
+
+# what a job's processes said (the others: the loop's and its nodes' own)
+JOB_EVENTS = ("profile", "started", "suspended", "restarted", "checkpoint-refused", "done",
+              "failed", "crashed")
 
 
 @dataclass
@@ -488,6 +493,18 @@ class Driver:
         self._next_sample = self.now() + SAMPLE_EVERY_S
 
     def _on_agent(self, ev: AgentEvent) -> None:
+        """A node's event, handled; one about a job that cannot be handled (what the job
+        reported) fails that job, not the loop."""
+        try:
+            self._heard(ev)
+        except Exception as e:
+            rec = self.records.get(ev.job_id) if ev.kind in JOB_EVENTS else None
+            if rec is None or rec.status in TERMINAL:
+                raise  # the loop's own fault: not one job's
+            self._end(rec, JobState.FAILED,
+                      f"{BAD_REPORT} its {ev.kind} event could not be handled: {e!r}")
+
+    def _heard(self, ev: AgentEvent) -> None:
         if ev.kind == "acted":
             self._confirmed(ev)
             return

@@ -603,7 +603,8 @@ class Job:
             self.step, mini_batch_time=elapsed / self._window_steps,
             memory_gb=self._memory_gb(), utilization=self._utilization(cpu, elapsed),
             samples_per_s=self._window_samples / elapsed if elapsed else 0.0,
-            metrics=dict(self.metrics), series=self._series()))
+            metrics={k: v for k, v in self.metrics.items() if math.isfinite(v)},
+            series=self._series()))  # (NaN and infinities left out of both: see _series)
         self._new_window(first=False)
 
     def _new_window(self, first: bool) -> None:

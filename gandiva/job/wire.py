@@ -4,6 +4,11 @@ One JSON object a line over the Unix socket the agent hands the job (``GANDIVA_C
 The agent sends commands (``op``), obeyed at the job's next mini-batch boundary; the job sends
 reports (``ev``). Both sides encode and decode through this module only, so a field is
 spelled once.
+
+A job is untrusted: ``report`` checks every field against its type (finite numbers, a mapping
+of names to numbers, series of [step, value] points, at most ``SERIES_POINTS`` a metric) and
+raises ``BadReport`` naming the message and the field; a reader takes at most ``LINE_BYTES``
+a line.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
+    from pydantic import TypeAdapter
 
 
 # ---- commands: agent -> job -----------------------------------------------------------------
@@ -201,6 +207,14 @@ def encode(message: Command | Report) -> bytes:
 _Message = TypeVar("_Message", bound="DataclassInstance")
 
 
+LINE_BYTES = 1 << 20  # the longest line a reader takes: a report is a few hundred bytes
+SERIES_POINTS = 10_000  # points of one metric in one report (a window's, at most a second)
+
+
+class BadReport(ValueError):
+    """A line from a job that is not a report of this protocol; says which and why."""
+
+
 def _decode(line: bytes | str, key: str, kinds: Mapping[str, type[_Message]]) -> _Message:
     data = json.loads(line)
     kind = kinds.get(data.pop(key, None))
@@ -211,8 +225,57 @@ def _decode(line: bytes | str, key: str, kinds: Mapping[str, type[_Message]]) ->
 
 
 def command(line: bytes | str) -> Command:
+    """(From the agent, which the job trusts.)"""
     return _decode(line, "op", COMMANDS)
 
 
 def report(line: bytes | str) -> Report:
-    return _decode(line, "ev", REPORTS)
+    """A job's line as the report it is, every field checked (``BadReport`` if not)."""
+    from pydantic import ValidationError
+
+    shown = _shown(line)
+    try:
+        data = json.loads(line)
+    except ValueError:
+        raise BadReport(f"not JSON: {shown}") from None
+    tag = data.get("ev") if isinstance(data, dict) else None
+    kind = REPORTS.get(tag) if isinstance(tag, str) else None
+    if kind is None:
+        raise BadReport(f"not a gandiva 'ev' message: {shown}")
+    known = {f.name for f in fields(kind)}
+    try:  # (numbers as numbers: 2 for 2.0 and "2" for 2 are taken; NaN and inf are not)
+        message = _checker(kind).validate_python(
+            {k: v for k, v in data.items() if k in known})  # newer fields: ignored
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(part) for part in err["loc"])
+        raise BadReport(f"{tag!r} report, field {where}: {err['msg']}: {shown}") from None
+    if isinstance(message, Profile):
+        for name, points in message.series.items():
+            if len(points) > SERIES_POINTS:
+                raise BadReport(f"'profile' report, field series.{name}: {len(points)} points, "
+                                f"more than {SERIES_POINTS} in one report")
+            if any(len(point) != 2 for point in points):
+                raise BadReport(f"'profile' report, field series.{name}: a point is not "
+                                f"[step, value]: {shown}")
+    return message
+
+
+_CHECKERS: dict[str, TypeAdapter[Report]] = {}
+
+
+def _checker(kind: type[Report]) -> TypeAdapter[Report]:
+    if kind.ev not in _CHECKERS:  # (made once: a checker is built from the type, ~1 ms)
+        from pydantic import TypeAdapter
+
+        _CHECKERS[kind.ev] = TypeAdapter(kind)
+    return _CHECKERS[kind.ev]
+
+
+def _shown(line: bytes | str, most: int = 200) -> str:
+    text = repr(line[:most])
+    return text + f" (and {len(line) - most} more)" if len(line) > most else text
+
+
+for _kind in REPORTS.values():  # what pydantic reads of a plain dataclass
+    _kind.__pydantic_config__ = {"allow_inf_nan": False}  # type: ignore[union-attr]

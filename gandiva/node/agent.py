@@ -64,6 +64,7 @@ HANG_S = 600.0
 # same seconds on the same imports, beside the zygote's, on the same cores.
 ZYGOTE_WAIT_S = 60.0
 HUNG = "hung:"  # how a hung job's reason begins (the server counts them by it)
+BAD_REPORT = "bad report:"  # how the reason of a job failed for what it sent begins
 AWAY_S = 1.0  # the reader looks every 0.05 s: a longer gap means this process was stopped
 # What processes suspended by the library may keep of one GPU together (NVML's count): half
 # of the GPU's headroom (node.devices.HEADROOM), which no job's profile counts on (8 GB of
@@ -635,14 +636,17 @@ class Agent:
                     r.sock.close()
                     continue
                 r.buf += chunk
-                while b"\n" in r.buf:
-                    line, r.buf = r.buf.split(b"\n", 1)
-                    try:
-                        msg = wire.report(line)
-                    except (ValueError, TypeError) as e:  # not ours: skipped, not fatal
-                        self._log(job, f"not a gandiva report, ignored: {e}")
-                        continue
-                    self._on_message(job, r, msg)
+                try:
+                    while b"\n" in r.buf:
+                        line, r.buf = r.buf.split(b"\n", 1)
+                        if len(line) > wire.LINE_BYTES:
+                            raise wire.BadReport(f"a line of {len(line)} bytes, more than "
+                                                 f"{wire.LINE_BYTES}")
+                        self._on_message(job, r, wire.report(line))
+                    if len(r.buf) > wire.LINE_BYTES:  # (never held whole: the job fails)
+                        raise wire.BadReport(f"a line of more than {wire.LINE_BYTES} bytes")
+                except Exception as e:  # noqa: BLE001 - the job's fault fails the job only
+                    self._reject(job, r, e)
             self._reap()
 
     def _on_message(self, job: _Job, r: _Rank, msg: wire.Report) -> None:
@@ -670,6 +674,22 @@ class Agent:
             elif isinstance(msg, wire.Suspended | wire.Resumed | wire.Checkpointed):
                 job.replies[f"{msg.ev}:{r.rank}"] = msg
                 job.acks.setdefault(f"{msg.ev}:{r.rank}", threading.Event()).set()
+
+    def _reject(self, job: _Job, r: _Rank, error: Exception) -> None:
+        """What rank ``r`` sent is not a report of the protocol (or could not be acted on):
+        the job is killed and fails, saying what it sent; the reader goes on."""
+        with self._lock:
+            r.buf = b""
+            if self.jobs.get(job.id) is not job or job.stopping:
+                return
+            job.stopping = True
+            self._signal(job, signal.SIGKILL)
+            for rank in job.ranks:
+                rank.exit = rank.proc.wait()
+            self._drop(job)
+            why = f"{BAD_REPORT} rank {job.first + r.rank} sent {error}"
+            self._log(job, why)
+            self._finish(job, why)
 
     def _reap(self) -> None:
         with self._lock:
