@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,13 +12,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import alone  # noqa: E402
 from waiting import Reports, node_event, trains, until  # noqa: E402
 
 from gandiva.job import checkpoint  # noqa: E402
 from gandiva.node.agent import Agent, AgentError, Launch  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 SMALL = ("--width", "4", "--batch", "8")  # a cnn of 1.5 ms a step, not 3.4
 
 
@@ -30,11 +29,10 @@ def launch(script: str, *args: str) -> Launch:
 def reference(tmp: Path, script: str, *args: str) -> dict:
     """The final state of the same job run alone, uninterrupted."""
     ckpt = tmp / "reference"
-    env = {**os.environ, **ENV, "GANDIVA_CHECKPOINT_DIR": str(ckpt),
-           "GANDIVA_CHECKPOINT_EVERY_S": "1e9"}
-    env.pop("GANDIVA_CONTROL_FD", None)
-    subprocess.run([sys.executable, str(EXAMPLES / script), *args], env=env, check=True,
-                   capture_output=True, timeout=120)
+    tmp.mkdir(parents=True, exist_ok=True)
+    alone.run([str(EXAMPLES / script), *args], {
+        **os.environ, "GANDIVA_CHECKPOINT_DIR": str(ckpt), "GANDIVA_CHECKPOINT_EVERY_S": "1e9"},
+        tmp, tmp / "reference.log")
     return checkpoint.latest(ckpt)[1]
 
 
