@@ -4,6 +4,7 @@ explain/cluster/login``. Each command is one or two API calls and a rich table."
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -113,8 +114,14 @@ def register(app: typer.Typer, user_app: typer.Typer) -> None:
 
     @app.command()
     def login(url: Url = None, token: Token = None) -> None:
-        """Save the server URL and your token in the config file (checked first)."""
+        """Save the server URL and your token in the config file (checked first). With no
+        token given, it is asked for (or read from standard input): a token typed on the
+        command line stays in the shell's history."""
         settings = Settings.resolve(url, token)
+        if not settings.token:
+            typed = (typer.prompt("Token", hide_input=True) if sys.stdin.isatty()
+                     else sys.stdin.readline())
+            settings = Settings.resolve(url, typed.strip())
         me = run(lambda: Client(settings).whoami())
         path = settings.save()
         console.print(f"logged in to {settings.url} as [bold]{escape(me['name'])}[/]"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,9 +56,26 @@ class Settings:
         path = config_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # (an existing file keeps its mode through open)
         with os.fdopen(fd, "w") as f:
             yaml.safe_dump({"url": self.url, "token": self.token}, f)
         return path
+
+
+# C0 and C1 control characters but newline and tab: what a job's output or a name could use
+# to rewrite the terminal of whoever reads it (clear it, retitle it, hide a line)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean(value: Any) -> Any:
+    """``value`` (text, or JSON: lists, dicts) with no control character in any string."""
+    if isinstance(value, str):
+        return _CONTROL.sub("", value)
+    if isinstance(value, list):
+        return [clean(v) for v in value]
+    if isinstance(value, dict):
+        return {clean(k): clean(v) for k, v in value.items()}
+    return value
 
 
 def _problem(r: httpx2.Response) -> str:
@@ -72,8 +90,8 @@ def _problem(r: httpx2.Response) -> str:
             loc = [str(p) for p in d.get("loc", []) if p not in ("body", "query", "path")]
             msg = str(d.get("msg", "")).removeprefix("Value error, ")
             lines.append(f"{'.'.join(loc) or '(spec)'}: {msg}")
-        return "\n".join(lines)
-    return str(detail)
+        return clean("\n".join(lines))
+    return clean(str(detail))
 
 
 class Client:
@@ -92,9 +110,9 @@ class Client:
         except httpx2.TransportError as e:
             raise ClientError(f"cannot reach the server at {self.url} ({e}); is `gandiva "
                               "server` running there? (--url or GANDIVA_URL)") from None
-        self._check(r)
-        return r.json() if r.headers.get("content-type", "").startswith("application/json") \
-            else r.text
+        self._check(r)  # (what the server relays, jobs' output included, is cleaned)
+        return clean(r.json() if r.headers.get("content-type", "").startswith(
+            "application/json") else r.text)
 
     def _check(self, r: httpx2.Response) -> None:
         if r.status_code == 401:
@@ -113,7 +131,7 @@ class Client:
                 if r.status_code >= 400:
                     r.read()
                     self._check(r)
-                yield from r.iter_text()
+                yield from map(clean, r.iter_text())
         except httpx2.TransportError as e:
             raise ClientError(f"lost the server at {self.url} ({e})") from None
 
@@ -136,7 +154,7 @@ class Client:
             except httpx2.TransportError as e:
                 raise ClientError(f"cannot reach the server at {self.url} ({e})") from None
             self._check(r)
-            out += r.json()
+            out += clean(r.json())
             path, params = r.links.get("next", {}).get("url"), []
         return out if limit is None else out[:limit]
 

@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 from fastapi.testclient import TestClient  # noqa: E402
+from serving import PACED  # noqa: E402
 from waiting import first_ok, until  # noqa: E402
 
 from gandiva.backends.driver import Driver  # noqa: E402
@@ -37,6 +38,7 @@ def server(zygote, tmp_path, request):
         home = service.user_dir(store.principal(tokens[who]))
         home.mkdir(parents=True)
         shutil.copy(CNN, home / "cnn.py")  # jobs may only use files in their user's directory
+        (home / "paced.py").write_text(PACED)
     yield TestClient(create_app(service)), tokens, store
     backend.stop()
     loop.join(timeout=30)
@@ -90,6 +92,13 @@ def test_invalid_specs_get_422_naming_the_field(server):
                     headers=auth(tokens["ada"]))
     assert r.status_code == 422 and "this cluster has 2" in r.json()["detail"][0]["msg"]
     assert store.jobs(store.principal(tokens["root"])) == []  # nothing was stored
+    r = client.post("/v1/jobs", json={"name": "x", "command": ["torchrun", "--help"]},
+                    headers=auth(tokens["ada"]))  # (argparse would print and exit)
+    assert r.status_code == 422 and "would have torchrun exit" in r.text
+    many = "&".join(f"label=k{i}=v" for i in range(990))  # (a query clause each)
+    r = client.get(f"/v1/jobs?{many}", headers=auth(tokens["ada"]))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "label"
+    assert client.get("/readyz").status_code == 200  # no outage counted
 
 
 def test_submitted_job_runs_and_only_its_owner_and_admins_see_it(server, tmp_path):
@@ -158,6 +167,28 @@ def test_explain_says_why_a_job_is_not_running(server):
     for job_id in ids:
         wait_state(client, job_id, tokens["ada"], ("cancelled",))
     assert client.get(f"/v1/jobs/{ids[2]}/explain", headers=ada).json()["reason"] == "cancelled"
+
+
+@pytest.mark.parametrize("server", ["slicer:quantum=3:pack"], indirect=True)
+def test_explain_names_no_other_users_job(server):
+    """A job's id carries its name: ada's job packed with bob's is "packed with another
+    user's job", to ada and in her job list; bob's job keeps its own name to him."""
+    client, tokens, _ = server
+    ada, bob = auth(tokens["ada"]), auth(tokens["bob"])
+    def paced(headers, name):  # (they wait rather than compute: they pack)
+        r = client.post("/v1/jobs", json={"name": name, "command": ["python", "paced.py"]},
+                        headers=headers)
+        assert r.status_code == 201, r.text
+        return r.json()["id"]
+    mine = paced(ada, "mine")
+    theirs = [paced(bob, f"secret-plan{i}") for i in range(3)]
+    why = poll(lambda: client.get(f"/v1/jobs/{mine}/explain", headers=ada).json(),
+               lambda w: "packed with" in w["reason"], timeout=120)
+    assert "another user's job" in why["reason"] and "secret" not in why["reason"], why
+    listed = client.get("/v1/jobs", headers=ada).json()
+    assert not any("secret" in (j["why"] or "") for j in listed)
+    for job_id, headers in [(mine, ada), *((t, bob) for t in theirs)]:
+        client.post(f"/v1/jobs/{job_id}/cancel", headers=headers)
 
 
 def events_of(client, job_id, headers):

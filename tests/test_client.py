@@ -40,14 +40,14 @@ def api(server):
 
 
 def cli(*args, config: Path, env: dict | None = None, check: bool = True,
-        timeout: float = 120) -> subprocess.CompletedProcess:
+        timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "GANDIVA_CONFIG": str(config), "COLUMNS": "200",
                 "GANDIVA_URL": "", "GANDIVA_TOKEN": "", **(env or {})}
     for key in ("GANDIVA_URL", "GANDIVA_TOKEN"):
         if not full_env[key]:
             del full_env[key]
     r = subprocess.run([*GANDIVA, *args], capture_output=True, text=True, env=full_env,
-                       timeout=timeout)
+                       timeout=timeout, input=input)
     if check:
         assert r.returncode == 0, r.stdout + r.stderr
     return r
@@ -61,6 +61,28 @@ def alice(server, tmp_path):
     assert "as alice" in r.stdout
     assert stat.S_IMODE(config.stat().st_mode) == 0o600  # it holds a token
     return config
+
+
+def test_login_reads_the_token_from_stdin_and_keeps_the_file_private(server, tmp_path):
+    config = tmp_path / "client.yaml"
+    config.write_text("url: http://elsewhere\n")
+    config.chmod(0o644)  # as a file left readable by others
+    r = cli("login", "--url", server.url, config=config, input=server.tokens["bob"] + "\n")
+    assert "as bob" in r.stdout and server.tokens["bob"] in config.read_text()
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+
+
+def test_what_a_job_printed_reaches_the_terminal_without_control_characters(server, api,
+                                                                            alice):
+    """A failed job's reason carries the end of its log; escape sequences there would clear
+    or retitle the terminal of whoever lists the jobs."""
+    job = api.submit({"name": "noisy", "command": [
+        "python", "-c", "print('\\x1b[2J\\x1b]0;owned\\x07 boom\\x9b'); raise SystemExit(3)"]})
+    wait_for(lambda: api.job(job["id"]), lambda j: j["state"] == "failed")
+    for args in (("show", job["id"]), ("jobs",), ("logs", job["id"])):
+        out = cli(*args, config=alice, check=False).stdout
+        assert "boom" in out or args == ("jobs",), (args, out)
+        assert not any(c in out for c in "\x1b\x07\x9b"), (args, repr(out))
 
 
 def spec(tmp_path: Path, text: str) -> Path:

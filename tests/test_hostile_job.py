@@ -11,7 +11,7 @@ from waiting import node_event  # noqa: E402
 
 from gandiva.backends.nodes import AgentEvent, Launch  # noqa: E402
 from gandiva.job import wire  # noqa: E402
-from gandiva.node.agent import Agent  # noqa: E402
+from gandiva.node.agent import Agent, rank_logs  # noqa: E402
 
 # The job says hello through the library, then writes what argv[1] names on its channel
 # itself, and waits: only the agent can end it.
@@ -175,3 +175,10 @@ def test_an_event_the_loop_cannot_handle_fails_its_job_not_the_loop(tmp_path):
     stop(backend, clock, loop)
     assert "odd" not in nodes.jobs  # killed on its node
 
+
+
+def test_a_file_a_job_names_like_a_log_is_not_taken_for_a_rank_s_log(tmp_path):
+    for name in ("rank0.log", "rank12.log", "rankX.log", "rank.log", "rank1.log.bak",
+                 "rank-1.log", "rank\u0663.log", "rank1234567.log"):
+        (tmp_path / name).write_text("")
+    assert [rank for rank, _ in rank_logs(tmp_path)] == [0, 12]

@@ -247,6 +247,8 @@ def test_torchrun_commands_are_unwrapped_and_a_conflicting_width_is_refused():
         parse("name: d\ncommand: torchrun --nproc-per-node=4 t.py\ngpus: 2")
     with pytest.raises(SpecError, match="unrecognized arguments: --bogus"):
         parse("name: d\ncommand: torchrun --bogus t.py\ngpus: 2")
+    with pytest.raises(SpecError, match="--help would have torchrun exit"):  # not SystemExit
+        parse("name: d\ncommand: torchrun --help\ngpus: 2")
 
 
 # ---- PyTorch Lightning: an unmodified script ---------------------------------------------

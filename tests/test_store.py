@@ -36,6 +36,9 @@ def test_tokens_are_stored_hashed_and_identify_their_user(store, db_url):
     assert store.principal(token + "x") is None
     with pytest.raises(StoreError, match="exists already"):
         store.add_user("ada")
+    for bad in ("..", "", "a/b", "../home", ".hidden", "x" * 64, "a b"):  # a directory each
+        with pytest.raises(StoreError, match="user name .*: use 1-63 letters"):
+            store.add_user(bad)
     [(name, token_hash)] = rows(db_url, "select name, token_hash from users")
     assert name == "ada" and token not in token_hash and len(token_hash) == 64
 

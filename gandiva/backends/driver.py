@@ -606,12 +606,13 @@ class Driver:
         """Who is on which device, and who waits its turn where (see ``explain.Seen``)."""
         return self.seen.view()
 
-    def explain(self, job_id: str) -> dict:
-        """The job's state, and why it is not running, in words."""
+    def explain(self, job_id: str, shown: Callable[[str], str] = str) -> dict:
+        """The job's state, and why it is not running, in words (``shown``: how other jobs
+        are named in them)."""
         rec = self.records.get(job_id)
         if rec is None:
             raise ValueError(f"no job {job_id!r}")
-        return self.seen.explain(job_id, rec.status, rec.reason, rec.devices)
+        return self.seen.explain(job_id, rec.status, rec.reason, rec.devices, shown)
 
     # ---- the body -----------------------------------------------------------------------
     def execute(self, action: A.Action, cluster: Cluster) -> None:

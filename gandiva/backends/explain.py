@@ -261,10 +261,11 @@ class Seen:
         return i + 1 if i < len(queue) and queue[i] == key else None
 
     def explain(self, job_id: str, state: JobState, reason: str,
-                devices: tuple[int, ...]) -> dict:
+                devices: tuple[int, ...], shown: Callable[[str], str] = str) -> dict:
         """The job's state, and why it is not running, in words. ``state``, ``reason`` and
         ``devices`` are the loop's latest (its record); the snapshot adds details at most a
-        snapshot old (who shares a device, the queue)."""
+        snapshot old (who shares a device, the queue). ``shown``: how another job is named
+        to whoever asks (a server names no other user's job)."""
         out = {"state": state, "reason": "", "queue_position": None, "needs": None}
         if state in TERMINAL:
             out["reason"] = reason or f"the job is {state}"
@@ -279,8 +280,8 @@ class Seen:
         if moving is not None:
             out["transition"] = moving  # decided; its node has not confirmed it yet
         if state == JobState.RUNNING:
-            partners = sorted({j for g in devices if g < len(seen.on) for j in seen.on[g]
-                               if j != job_id})
+            partners = sorted({shown(j) for g in devices if g < len(seen.on)
+                               for j in seen.on[g] if j != job_id})
             out["reason"] = (f"running on device(s) {', '.join(map(str, devices))}"
                              + (f", packed with {', '.join(partners)}" if partners else ""))
         elif state == JobState.SUSPENDED or (home is not None and slice_s):

@@ -59,7 +59,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noq
 from gandiva.backends.driver import detect_devices  # noqa: E402
 from gandiva.backends.nodes import AgentEvent, Launch  # noqa: E402
 from gandiva.job import checkpoint  # noqa: E402
-from gandiva.node.agent import Agent, Gang  # noqa: E402
+from gandiva.node.agent import Agent, Gang, rank_logs  # noqa: E402
 from gandiva.state import GPU, Cluster, Node  # noqa: E402
 
 POLL_S = 1.0  # a node agent's long poll for events
@@ -98,8 +98,8 @@ class NodeAgent:
         if ckpt is not None:
             checkpoint.install(self.agent.checkpoint_dir(job_id), *ckpt, transit=True)
             self.copied[job_id] = ckpt[0]  # it came from a node that keeps it, or the head
-        for path in self.agent.job_dir(job_id).glob("rank*.log"):  # an earlier agent's
-            self.sent.setdefault((job_id, _rank(path)), path.stat().st_size)  # (it sent it)
+        for rank, path in rank_logs(self.agent.job_dir(job_id)):  # an earlier agent's
+            self.sent.setdefault((job_id, rank), path.stat().st_size)  # (it sent it)
         self.agent.start(job_id, launch, devices, gang)
         with self._logging:  # after the start: see ``_new_output``
             self.logging.add(job_id)
@@ -171,8 +171,7 @@ class NodeAgent:
         with self._logging:  # a start meanwhile: its job is not forgotten before it is read
             for job_id in list(self.logging):
                 running = job_id in self.agent.jobs  # before reading: its last lines are in
-                for path in self.agent.job_dir(job_id).glob("rank*.log"):
-                    rank = _rank(path)
+                for rank, _ in rank_logs(self.agent.job_dir(job_id)):
                     offset = self.sent.get((job_id, rank), 0)
                     data = self.agent.read_log(job_id, rank, offset, LOG_CHUNK_BYTES)
                     if data:
@@ -613,10 +612,6 @@ class RayNodes:
 
 def _gpu_nodes() -> list[dict[str, Any]]:
     return [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU", 0) >= 1]
-
-
-def _rank(log: Path) -> int:
-    return int(log.stem.removeprefix("rank"))
 
 
 def _rank_nodes(plan: list[tuple[int, tuple[int, ...]]]) -> list[int]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import selectors
 import signal
 import socket
@@ -833,6 +834,14 @@ def start_zygote(workdir: Path, threads: int = 1, python: str = sys.executable) 
     job: with what every job gets in its environment."""
     return Zygote(python, workdir, env={"OMP_NUM_THREADS": str(threads),
                                         "PYTHONUNBUFFERED": "1"})
+
+
+def rank_logs(directory: Path) -> list[tuple[int, Path]]:
+    """The ranks' logs in a job's directory (``rank<digits>.log``), by rank: a file of
+    another name there, one the job made, is none of them."""
+    found = [(int(m[1]), path) for path in directory.glob("rank*.log")
+             if (m := re.fullmatch(r"rank([0-9]{1,6})\.log", path.name))]
+    return sorted(found)
 
 
 def _cold(command: list[str], python: str) -> list[str]:

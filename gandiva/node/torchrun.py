@@ -37,9 +37,15 @@ def _parse(args: list[str]):
     def refuse(message: str):
         raise ValueError(f"torchrun's arguments do not parse: {message}")
 
+    def asks_to_exit(status: int = 0, message: str | None = None):
+        refuse(f"{' '.join(args)} would have torchrun exit, not run a script")
+
     parser = get_args_parser()
     parser.set_defaults(nproc_per_node=None)  # tell "not given" from "1"
-    parser.error = refuse  # type: ignore[method-assign]  # (argparse would print and exit)
+    # argparse would print (to the server's log) and exit the process: refused instead
+    parser.error = refuse  # type: ignore[method-assign]
+    parser.exit = asks_to_exit  # type: ignore[method-assign,assignment]  # (--help)
+    parser.print_help = lambda file=None: None  # type: ignore[method-assign]
     return parser.parse_args(args)
 
 

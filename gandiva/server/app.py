@@ -40,7 +40,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gandiva.server import sweep_api
-from gandiva.server.jobspec import JobRequest, JsonInt
+from gandiva.server.jobspec import MAX_LABELS, JobRequest, JsonInt
 from gandiva.server.persistence import transient
 from gandiva.server.service import Service
 from gandiva.server.store import EventRow, JobRow, Principal, StoreBusy, StoreError
@@ -299,6 +299,7 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
              state: Annotated[str | None, Query(
                  description="Comma-separated states, e.g. queued,running")] = None,
              label: Annotated[list[str], Query(
+                 max_length=MAX_LABELS,  # (each is a clause of the query: a job has no more)
                  description="key=value, or key (any value); repeat for jobs with all of "
                              "them")] = [],  # noqa: B006 (FastAPI copies a default)
              user: Annotated[str | None, Query(description="Only this user's jobs (admins)")]
@@ -388,7 +389,7 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
         """Why is my job pending? Its state, the reason in words, its place in line."""
         row = visible(who, job_id)
         try:
-            return Explanation(**service.backend.explain(job_id))
+            return Explanation(**service.views.explain(row))
         except ValueError:  # stored but not (yet) given to the scheduler, or long finished
             return Explanation(state=row.state, reason=service.views.why(row) or row.state,
                                queue_position=None, needs=None)

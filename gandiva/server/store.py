@@ -51,7 +51,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from gandiva.server.jobspec import JobRequest
+from gandiva.server.jobspec import JobRequest, check_name
 from gandiva.spec import TERMINAL, JobState
 
 CONNECT_TIMEOUT_S = 5  # a PostgreSQL that does not take a new connection in this long is away
@@ -311,7 +311,12 @@ class Store:
 
     # ---- users --------------------------------------------------------------------------
     def add_user(self, name: str, admin: bool = False) -> str:
-        """Create ``name`` and return its token (shown once: only its hash is kept)."""
+        """Create ``name`` and return its token (shown once: only its hash is kept). The
+        name is a directory's (``users/<name>``): it is checked as a job's name is."""
+        try:
+            check_name(name)
+        except ValueError as e:
+            raise StoreError(f"user name {name!r}: {e}") from None
         token = secrets.token_urlsafe(32)
         with Session(self.engine) as s, s.begin():
             if s.scalar(select(User).where(User.name == name)) is not None:

@@ -90,9 +90,18 @@ class Views:
         if row.state in TERMINAL:
             return row.reason or row.state
         try:
-            return self.backend.explain(row.id)["reason"]
+            return self.explain(row)["reason"]
         except ValueError:
             return ""
+
+    def explain(self, row: JobRow) -> dict:
+        """The loop's explanation of the job, naming only its user's other jobs: ids carry
+        job names, and another user's are not theirs to read."""
+        def shown(job_id: str) -> str:
+            owner = self._owned.get(job_id)
+            return job_id if owner is not None and owner[0] == row.user_id else \
+                "another user's job"
+        return self.backend.explain(row.id, shown)
 
     # ---- whose jobs ------------------------------------------------------------------------
     def own(self, job_id: str, user: int, name: str) -> None:
