@@ -11,6 +11,7 @@ import queue
 import sys
 import time
 import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -154,9 +155,12 @@ def test_save_strategies_best_and_no_keep_their_saves_and_gandivas_moves_complet
         for slot, (name, args) in enumerate(runs.items()):
             agent.start(name, Launch(["{python}", SCRIPT, *args, "--output-dir", "out"]),
                         (slot,))
-        for name in runs:  # both held at once: neither ends while the other is moved
+        for name in runs:
             assert events.wait(name, "started").restored is None
-            agent.suspend(name)
+        # both held at once, neither ends while the other is moved; suspended together: one
+        # after the other, "no" ran to its end while "best" waited for its step (under load)
+        with ThreadPoolExecutor(len(runs)) as pool:
+            list(pool.map(agent.suspend, runs))
         for slot, name in enumerate(runs):
             agent.resume(name, (slot,))
             agent.suspend(name)

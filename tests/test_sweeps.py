@@ -2,6 +2,7 @@
 sweep draws its trials from its seed, promotes and stops them at its rungs from what they
 report, and survives a server restart."""
 
+import itertools
 import math
 import shutil
 import socket
@@ -14,7 +15,7 @@ import pytest
 from gandiva.job import wire
 from gandiva.server.jobspec import SpecError
 from gandiva.sweep import rules
-from gandiva.sweep.spec import parse
+from gandiva.sweep.spec import grid_point, parse
 
 SPEC = """
 name: cnn-lr
@@ -55,6 +56,27 @@ def test_a_sweeps_trials_are_drawn_from_its_seed_with_their_parameters_in_the_co
     assert grid_only.count() == 6 and len({tuple(p.values()) for p in grid_only.draw()}) == 6
     # no rule named: ASHA, at rungs of 100 mini-batches times powers of its reduction (3)
     assert (grid_only.stop.rule, grid_only.stop.rungs) == ("asha", [100, 300, 900, 2700])
+
+
+def test_a_grid_of_a_billion_points_and_one_trial_builds_one_point():
+    """A 400-byte spec: 9 parameters of 10 values each, 1 trial (the product, built whole,
+    would be ~100 GB)."""
+    import tracemalloc
+
+    space = ", ".join(f"p{k}: {{grid: [{', '.join(map(str, range(10)))}]}}" for k in range(9))
+    tracemalloc.start()
+    try:
+        spec = parse(f"name: g\ncommand: python a.py\nmetric: loss\ntrials: 1\n"
+                     f"space: {{{space}}}")
+        trials = spec.draw()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert spec.grid_size() == 10**9 and trials == [{f"p{k}": 0 for k in range(9)}]
+    assert peak < 20 * 2**20  # bytes: a point, not the grid
+    grids = {"a": [1, 2, 3], "b": ["x", "y"], "c": [True, False]}  # itertools.product's order
+    assert [tuple(grid_point(grids, i).values()) for i in range(24)] == \
+        list(itertools.product(*grids.values())) * 2
 
 
 def test_the_example_sweep_spec_is_valid_and_draws_its_trials():
