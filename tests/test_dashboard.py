@@ -126,11 +126,13 @@ def test_the_token_is_asked_once_kept_and_asked_again_when_refused(server, page)
     expect(page.locator("#whoami")).to_have_text("alice")
     expect(page.locator("#no-jobs")).to_be_visible()
 
-    page.reload()  # the token is kept: no form
+    page.reload()  # the token is kept, for the tab's life (not on disk): no form
     expect(page.locator("#whoami")).to_have_text("alice")
     expect(page.locator("#token-form")).to_be_hidden()
+    assert page.evaluate("localStorage.getItem('gandiva.token')") is None
+    assert page.evaluate("sessionStorage.getItem('gandiva.token')") == server.token
 
-    page.evaluate("localStorage.setItem('gandiva.token', 'revoked')")
+    page.evaluate("sessionStorage.setItem('gandiva.token', 'revoked')")
     page.reload()  # a kept token the server refuses: the form again
     expect(page.locator("#token-form")).to_be_visible()
     expect(page.locator("#token-error")).to_contain_text("401")

@@ -7,6 +7,8 @@
 const REFRESH_MS = 2000;
 const WINDOW_S = 600; // the utilisation chart's span, at most...
 const MIN_WINDOW_S = 60; // ...and at least: a young server's few samples fill the chart
+// the token lives as long as the tab: sessionStorage, not localStorage, which keeps it on
+// disk for every later visitor of this browser profile
 const TOKEN_KEY = "gandiva.token";
 const SVG_NS = "http://www.w3.org/2000/svg";
 const FINISHED = new Set(["done", "failed", "cancelled"]);
@@ -54,7 +56,7 @@ async function answer(path) {
   let response;
   try {
     response = await fetch(path, {
-      headers: { Authorization: `Bearer ${localStorage.getItem(TOKEN_KEY)}` },
+      headers: { Authorization: `Bearer ${sessionStorage.getItem(TOKEN_KEY)}` },
       cache: "no-store",
     });
   } catch (e) {
@@ -73,7 +75,7 @@ async function answer(path) {
 
 function askToken(message) {
   session += 1;
-  localStorage.removeItem(TOKEN_KEY);
+  sessionStorage.removeItem(TOKEN_KEY);
   $("#dashboard").hidden = true;
   $("#sign-out").hidden = true;
   $("#whoami").textContent = "";
@@ -86,7 +88,7 @@ function askToken(message) {
 }
 
 async function signIn(token) {
-  localStorage.setItem(TOKEN_KEY, token);
+  sessionStorage.setItem(TOKEN_KEY, token);
   const mine = ++session;
   try {
     const me = await api("/v1/whoami");
@@ -612,6 +614,6 @@ $("#older-jobs").addEventListener("click", () => {
   refreshOverview().catch(() => {}); // the refresh loop reports failures
 });
 
-const stored = localStorage.getItem(TOKEN_KEY);
+const stored = sessionStorage.getItem(TOKEN_KEY);
 if (stored) signIn(stored);
 else askToken("");
