@@ -242,10 +242,8 @@ def report(line: bytes | str) -> Report:
     kind = REPORTS.get(tag) if isinstance(tag, str) else None
     if kind is None:
         raise BadReport(f"not a gandiva 'ev' message: {shown}")
-    known = {f.name for f in fields(kind)}
-    try:  # (numbers as numbers: 2 for 2.0 and "2" for 2 are taken; NaN and inf are not)
-        message = _checker(kind).validate_python(
-            {k: v for k, v in data.items() if k in known})  # newer fields: ignored
+    try:  # (numbers as numbers: 2 for 2.0 and "2" for 2 are taken; NaN and inf are not;
+        message = _checker(kind).validate_python(data)  # newer fields, and "ev", ignored)
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(part) for part in err["loc"])

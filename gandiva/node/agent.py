@@ -683,14 +683,19 @@ class Agent:
             r.buf = b""
             if self.jobs.get(job.id) is not job or job.stopping:
                 return
-            job.stopping = True
-            self._signal(job, signal.SIGKILL)
-            for rank in job.ranks:
-                rank.exit = rank.proc.wait()
-            self._drop(job)
+            self._kill(job)
             why = f"{BAD_REPORT} rank {job.first + r.rank} sent {error}"
             self._log(job, why)
             self._finish(job, why)
+
+    def _kill(self, job: _Job) -> None:
+        """Kill every rank of the job now, wait for each (its status kept), and let go of
+        its channels and its store."""
+        job.stopping = True
+        self._signal(job, signal.SIGKILL)
+        for r in job.ranks:
+            r.exit = r.proc.wait()
+        self._drop(job)
 
     def _reap(self) -> None:
         with self._lock:
@@ -738,11 +743,7 @@ class Agent:
         else it fails, naming them (a restart would hang again where they hang)."""
         late = [job.first + r.rank for r in job.ranks if r.exit is None]
         finished = all(r.done for r in job.ranks if r.exit is None)
-        job.stopping = True
-        self._signal(job, signal.SIGKILL)
-        for r in job.ranks:
-            r.proc.wait()
-        self._drop(job)
+        self._kill(job)
         self.jobs.pop(job.id, None)
         self.ended.add(job.id)
         gone = f"rank(s) {late} still running {self.exit_grace_s:g} s after the others ended"
@@ -758,11 +759,7 @@ class Agent:
     def _crashed(self, job: _Job, codes: list[int | None], hung: bool = False) -> None:
         """A rank died unasked, or the job is ``hung`` (silent for ``hang_s``): stop the
         gang, restart it from its checkpoint or fail it."""
-        job.stopping = True
-        self._signal(job, signal.SIGKILL)
-        for r in job.ranks:
-            r.exit = r.proc.wait()
-        self._drop(job)
+        self._kill(job)
         if hung:
             why = (f"{HUNG} no report from any rank for {self.hang_s:g} s (a rank stuck in a "
                    "collective, or a loop without boundaries); killed")

@@ -164,8 +164,9 @@ class Metrics(Observer):
         if warm_ready is not None:
             yield GaugeMetricFamily("gandiva_warm_starts_ready", "1 while a Python job would "
                                     "start warm (forked from a zygote with its imports done);"
-                                    " 0 while jobs start cold (the zygote is still importing,"
-                                    " is being replaced, or warm starts are off)",
+                                    " 0 while a job would wait for them (the zygote is still "
+                                    "importing) or start cold (being replaced, or warm starts "
+                                    "are off)",
                                     value=float(warm_ready()))
         util = b.samples[-1][2] if b.samples else 0.0
         yield GaugeMetricFamily("gandiva_device_utilisation_ratio", "Mean device utilisation "
