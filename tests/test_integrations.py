@@ -18,6 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import alone as alone_env  # noqa: E402
 from test_runtime import (  # noqa: E402
     EXAMPLES,
     assert_identical,
@@ -30,8 +31,6 @@ from waiting import trains, until  # noqa: E402
 from gandiva.job import checkpoint  # noqa: E402
 from gandiva.node.agent import Agent, Launch  # noqa: E402
 from gandiva.node.zygote import Zygote  # noqa: E402
-
-ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def standalone(tmp: Path, command: list[str], timeout: float = 180) -> dict:
@@ -78,7 +77,7 @@ def alone(tmp: Path, commands: dict[str, list[str]], timeout: float = 300,
     ``preload`` (``RUNNER``), the others (torchrun) run as they are."""
     base = {k: v for k, v in os.environ.items()
             if k not in ("GANDIVA_CONTROL_FD", "GANDIVA_JOB_ID", *drop)}
-    base.update(ENV)
+    base.update(alone_env.ENV)
 
     def env(name: str) -> dict[str, str]:
         return {**base, "GANDIVA_CHECKPOINT_DIR": str(tmp / "alone" / name),
