@@ -1,8 +1,10 @@
 """The REST API against a real store (SQLite) and the local loop running real jobs."""
 
+import contextlib
 import json
 import shutil
 import threading
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -14,10 +16,18 @@ from waiting import first_ok, until  # noqa: E402
 
 from gandiva.backends.driver import Driver  # noqa: E402
 from gandiva.policies import make_policy  # noqa: E402
-from gandiva.server.app import Service, create_app  # noqa: E402
+from gandiva.server.app import STREAMS_PER_USER, Service, create_app  # noqa: E402
 from gandiva.server.store import Store  # noqa: E402
 
 CNN = str(Path(__file__).resolve().parents[1] / "examples" / "cnn.py")
+LOUD = """\
+import os, sys, time
+print("start", flush=True)
+while not os.path.exists("go"):
+    time.sleep(0.05)
+sys.stdout.buffer.write((b"x" * 1023 + b"\\n") * 65536)  # 64 MiB
+print("THE END", flush=True)
+"""  # a job that writes a log too big to hold, once the test has a follower on it
 
 
 # round robin, a second a turn: every turn changes who runs, and the tests count turns
@@ -39,6 +49,7 @@ def server(zygote, tmp_path, request):
         home.mkdir(parents=True)
         shutil.copy(CNN, home / "cnn.py")  # jobs may only use files in their user's directory
         (home / "paced.py").write_text(PACED)
+        (home / "loud.py").write_text(LOUD)
     yield TestClient(create_app(service)), tokens, store
     backend.stop()
     loop.join(timeout=30)
@@ -78,6 +89,19 @@ def test_unauthenticated_requests_get_401(server):
     assert client.get("/v1/jobs").status_code == 401
     assert client.get("/v1/jobs", headers=auth("not-a-token")).status_code == 401
     assert client.get("/v1/jobs", headers={"Authorization": "Basic x"}).status_code == 401
+
+
+def test_every_answer_forbids_foreign_scripts_and_framing(server):
+    """The dashboard and every answer: only the server's own scripts, no frames; no /docs
+    page (FastAPI's loads a CDN's script), the schema still at /openapi.json."""
+    client, tokens, _ = server
+    for r in (client.get("/ui/"), client.get("/v1/jobs"), client.get("/healthz"),
+              client.post("/v1/jobs", content=b"x" * (2 << 20), headers=auth(tokens["ada"]))):
+        assert r.headers["content-security-policy"] == \
+            "default-src 'self'; frame-ancestors 'none'", r
+        assert r.headers["x-content-type-options"] == "nosniff"
+    assert client.get("/docs").status_code == 404 and client.get("/redoc").status_code == 404
+    assert "/v1/jobs" in client.get("/openapi.json").json()["paths"]
 
 
 def test_invalid_specs_get_422_naming_the_field(server):
@@ -328,3 +352,85 @@ def test_logs_follow_until_the_job_ends_and_time_limits_stop_jobs(server):
     job = wait_state(client, job_id, tokens["ada"], ("done", "failed"))
     assert job["state"] == "failed" and "time limit" in job["reason"]
     assert job["finished_at"] - job["started_at"] < 30
+
+
+def peak_mib(action) -> float:
+    """The most memory Python held (MiB, more than at the start) while ``action`` ran."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        action()
+        return (tracemalloc.get_traced_memory()[1] - before) / 2**20
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_huge_log_is_tailed_from_its_end_and_followed_in_bounded_pieces(server, tmp_path):
+    """64 MiB of output: ``tail`` reads only the end, ``follow`` sends it in pieces; the
+    server never holds the log (the whole of it read at once: over 128 MiB)."""
+    client, tokens, store = server
+    ada = auth(tokens["ada"])
+    r = client.post("/v1/jobs", json={"name": "loud", "command": ["python", "loud.py"]},
+                    headers=ada)
+    job_id = r.json()["id"]
+    poll(lambda: client.get(f"/v1/jobs/{job_id}/logs", headers=ada).text,
+         lambda text: "start" in text)
+    got = 0
+
+    def follow() -> None:
+        nonlocal got
+        with client.stream("GET", f"/v1/jobs/{job_id}/logs?follow=true&tail=1",
+                           headers=ada) as r:
+            (tmp_path / "base" / "users" / "ada" / "go").touch()
+            for chunk in r.iter_bytes():
+                got += len(chunk)
+                assert len(chunk) <= 2**20 + 64
+                last = chunk
+        assert last.endswith(b"THE END\n")
+
+    assert peak_mib(follow) < 32
+    assert got > 64 * 2**20
+    tail = []
+    assert peak_mib(lambda: tail.append(
+        client.get(f"/v1/jobs/{job_id}/logs?tail=3", headers=ada).text)) < 32
+    assert tail[0].splitlines() == ["x" * 1023, "x" * 1023, "THE END"]
+
+
+def test_streams_are_capped_per_user_and_end_when_the_token_is_revoked(server):
+    client, tokens, store = server
+    ada, bob = auth(tokens["ada"]), auth(tokens["bob"])
+    job_id = submit_cnn(client, ada, "long", 100_000)
+    with contextlib.ExitStack() as open_:
+        for i in range(STREAMS_PER_USER):
+            path = "/v1/events/stream" if i % 2 else f"/v1/jobs/{job_id}/logs?follow=true"
+            assert open_.enter_context(client.stream("GET", path, headers=ada)
+                                       ).status_code == 200
+        r = client.get("/v1/events/stream", headers=ada)
+        assert r.status_code == 429 and "close one" in r.json()["detail"]
+        assert client.get(f"/v1/jobs/{job_id}/logs?follow=true", headers=ada
+                          ).status_code == 429
+        assert client.get(f"/v1/jobs/{job_id}/logs", headers=ada).status_code == 200
+        with client.stream("GET", "/v1/events/stream", headers=bob) as r:
+            assert r.status_code == 200  # another user's streams are theirs
+    # closed: the slots are free again; a revoke ends the open ones
+    opened, ended = [], []
+
+    def read(path: str) -> None:
+        with client.stream("GET", path, headers=ada) as r:
+            assert r.status_code == 200
+            opened.append(path)
+            for _ in r.iter_bytes():
+                pass
+        ended.append(path)
+
+    readers = [threading.Thread(target=read, args=(path,), daemon=True)
+               for path in ("/v1/events/stream", f"/v1/jobs/{job_id}/logs?follow=true")]
+    for t in readers:
+        t.start()
+    until(lambda: len(opened) == 2, 30, "both streams open")
+    assert client.post("/v1/users/ada/revoke", headers=auth(tokens["root"])).status_code == 200
+    for t in readers:
+        t.join(timeout=10)
+    assert len(ended) == 2
+    store.rotate("ada")  # (its job is cancelled as the server closes)

@@ -79,11 +79,14 @@ def browser():
 
 @pytest.fixture
 def page(browser):
-    """A fresh browser profile (empty localStorage); fails the test on any script error."""
+    """A fresh browser profile (empty storage); fails the test on any script error or
+    anything the page's Content-Security-Policy refused."""
     context = browser.new_context(viewport={"width": 1280, "height": 1000})
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
+    # what the server's Content-Security-Policy refused (a style attribute, a foreign script)
+    page.on("console", lambda m: "Content Security Policy" in m.text and errors.append(m.text))
     page.set_default_timeout(WAIT_MS)
     expect.set_options(timeout=WAIT_MS)
     yield page

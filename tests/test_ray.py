@@ -389,11 +389,16 @@ def test_the_logs_of_a_job_and_of_a_gang_s_rank_outlive_the_node_they_ran_on(own
                for job, rank in (("solo", 0), ("gang", 1))}
     assert b"done: 100 steps," in written["solo", 0]
     assert b"done: 100 steps on 2 rank(s)" in written["gang", 1]
+    for (job, rank), log in written.items():  # read as logs?tail= and -f read: by size, in pieces
+        assert nodes.log_size(job, rank) == len(log)
+        assert nodes.read_log(job, rank, 10, 25) == log[10:35]
     cluster.remove_node(next(n for n in cluster.list_all_nodes()
                              if n.node_id == nodes.infos[lost]["node_id"]))
     wait(lambda: not nodes.alive[lost], what="the node's loss to be noticed")
     for (job, rank), log in written.items():
         assert nodes.read_log(job, rank) == log
+        assert nodes.log_size(job, rank) == len(log)
+        assert nodes.read_log(job, rank, len(log) - 30, 20) == log[-30:-10]
     assert nodes.read_log("solo", 0, offset=10) == written["solo", 0][10:]  # as logs -f reads
 
 

@@ -4,7 +4,7 @@ their events."""
 import threading
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 
 from gandiva.server.jobspec import JobRequest
 from gandiva.server.store import Store, StoreError, database_url
@@ -41,6 +41,31 @@ def test_tokens_are_stored_hashed_and_identify_their_user(store, db_url):
             store.add_user(bad)
     [(name, token_hash)] = rows(db_url, "select name, token_hash from users")
     assert name == "ada" and token not in token_hash and len(token_hash) == 64
+
+
+def test_a_lookup_that_read_a_token_before_its_revoke_does_not_cache_it(store):
+    """The race: a lookup reads the user's row, the revoke commits and clears the cache,
+    then the lookup would cache what it read (the token working 10 s more)."""
+    token = store.add_user("ada")
+    read, revoked = threading.Event(), threading.Event()
+
+    def after(conn, cursor, statement, *args):  # the lookup's SELECT has its row
+        if "FROM users" in statement and threading.current_thread().name == "lookup":
+            read.set()
+            revoked.wait(10)
+
+    event.listen(store.engine, "after_cursor_execute", after)
+    found = []
+    lookup = threading.Thread(target=lambda: found.append(store.principal(token)),
+                              name="lookup")
+    lookup.start()
+    assert read.wait(10)
+    store.revoke("ada")
+    revoked.set()
+    lookup.join(10)
+    event.remove(store.engine, "after_cursor_execute", after)
+    assert found[0] is not None and found[0].name == "ada"  # it began before the revoke
+    assert store.known(token) is None and store.principal(token) is None
 
 
 def test_jobs_and_events_persist_and_users_see_only_their_own(store, db_url):

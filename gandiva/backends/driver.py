@@ -574,9 +574,13 @@ class Driver:
             self.counts["failures"] += 1
             self.handle(E.Failure(self.now(), node))
 
-    def read_log(self, job_id: str, rank: int = 0, offset: int = 0) -> bytes:
-        """The job's output (one rank's) from byte ``offset``, across its restarts."""
-        return self.agent.read_log(job_id, rank, offset)
+    def read_log(self, job_id: str, rank: int = 0, offset: int = 0, size: int = -1) -> bytes:
+        """The job's output (one rank's) from byte ``offset``, across its restarts: all of
+        the rest, or at most ``size`` bytes."""
+        return self.agent.read_log(job_id, rank, offset, size)
+
+    def log_size(self, job_id: str, rank: int = 0) -> int:
+        return self.agent.log_size(job_id, rank)
 
     def handle(self, event: E.Event) -> None:
         t = time.perf_counter()

@@ -187,8 +187,11 @@ class HollowNodes:
             with self._lock:
                 self._forget(job)
 
-    def read_log(self, job_id: str, rank: int = 0, offset: int = 0) -> bytes:
+    def read_log(self, job_id: str, rank: int = 0, offset: int = 0, size: int = -1) -> bytes:
         return b""  # no process, no output
+
+    def log_size(self, job_id: str, rank: int = 0) -> int:
+        return 0
 
     def checkpoint_dir(self, job_id: str) -> None:
         return None  # no process, no checkpoint

@@ -77,8 +77,11 @@ class Nodes(Protocol):
     def kill(self, job_id: str) -> Future | None:
         """End the processes now."""
 
-    def read_log(self, job_id: str, rank: int = 0, offset: int = 0) -> bytes:
-        """A rank's output from ``offset``."""
+    def read_log(self, job_id: str, rank: int = 0, offset: int = 0, size: int = -1) -> bytes:
+        """A rank's output from byte ``offset``: all of the rest, or at most ``size`` bytes."""
+
+    def log_size(self, job_id: str, rank: int = 0) -> int:
+        """How many bytes of output the rank has (``read_log`` reads up to here)."""
 
     def checkpoint_dir(self, job_id: str) -> Path | None:
         """Where the job's checkpoints are kept on this machine (None: nowhere here)."""

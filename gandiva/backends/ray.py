@@ -132,8 +132,11 @@ class NodeAgent:
         self.agent.park(job_id)
         return self.newest(job_id)
 
-    def read_log(self, job_id: str, rank: int, offset: int) -> bytes:
-        return self.agent.read_log(job_id, rank, offset)
+    def read_log(self, job_id: str, rank: int, offset: int, size: int = -1) -> bytes:
+        return self.agent.read_log(job_id, rank, offset, size)
+
+    def log_size(self, job_id: str, rank: int) -> int:
+        return self.agent.log_size(job_id, rank)
 
     def warm_ready(self) -> bool:
         return self.agent.warm_ready()
@@ -302,23 +305,37 @@ class RayNodes:
         """The head's replicas of the job's checkpoints (each node's reaches it)."""
         return self.replicas / job_id
 
-    def read_log(self, job_id: str, rank: int = 0, offset: int = 0) -> bytes:
-        """One rank's log from ``offset``, across its restarts and the nodes it ran on: the
-        head's copy, then what the rank wrote since the last poll, if its node is up."""
+    def read_log(self, job_id: str, rank: int = 0, offset: int = 0, size: int = -1) -> bytes:
+        """One rank's log from ``offset`` (all of the rest, or at most ``size`` bytes),
+        across its restarts and the nodes it ran on: the head's copy, then what the rank
+        wrote since the last poll, if its node is up."""
+        node, path, copied, have = self._log_parts(job_id, rank)
+        out = b""
+        if offset < copied:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                out = f.read(copied - offset if size < 0 else min(size, copied - offset))
+        if node is None or 0 <= size <= len(out):
+            return out
+        more = -1 if size < 0 else size - len(out)
+        return out + (self._call(node, "read_log", job_id, rank,
+                                 have + max(0, offset - copied), more) or b"")
+
+    def log_size(self, job_id: str, rank: int = 0) -> int:
+        node, _, copied, have = self._log_parts(job_id, rank)
+        on_node = self._call(node, "log_size", job_id, rank) if node is not None else None
+        return copied + max(0, (on_node or have) - have)
+
+    def _log_parts(self, job_id: str, rank: int) -> tuple[int | None, Path, int, int]:
+        """The up node the rank runs on (None: none), the head's copy of its log, how long
+        the copy is, and how much of the node's log the copy holds."""
         where = _rank_nodes(self.plans.get(job_id, [])) if job_id in self.jobs else []
         node = where[rank] if rank < len(where) and self.alive[where[rank]] else None
         path = self._log(job_id, rank)
         with self._copying:  # the copy, and how much of the node's log it holds, together
-            size = path.stat().st_size if path.exists() else 0
+            copied = path.stat().st_size if path.exists() else 0
             have = self.copied.get((node, job_id, rank), 0) if node is not None else 0
-        copy = b""
-        if offset < size:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                copy = f.read(size - offset)
-        newest = (self._call(node, "read_log", job_id, rank, have) or b""
-                  if node is not None else b"")
-        return copy + newest[max(0, offset - size):]
+        return node, path, copied, have
 
     def close(self) -> None:
         self._closed = True

@@ -78,6 +78,7 @@ AWAY_S = 1.0  # the reader looks every 0.05 s: a longer gap means this process w
 HELD_SHARE_OF_HEADROOM = 0.5
 HELD_MAX_GB = 1.0
 LOG_TAIL_LINES = 20
+TAIL_READ_BYTES = 64 * 1024  # a failed job's reason quotes its log's end from this much
 
 
 @dataclass(frozen=True)
@@ -813,11 +814,16 @@ class Agent:
             f.seek(offset)
             return f.read(size)
 
-    def log_tail(self, job_id: str, rank: int = 0, lines: int = LOG_TAIL_LINES) -> str:
+    def log_size(self, job_id: str, rank: int = 0) -> int:
         path = self.job_dir(job_id) / f"rank{rank}.log"
-        if not path.exists():
-            return ""
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return path.stat().st_size if path.exists() else 0
+
+    def log_tail(self, job_id: str, rank: int = 0, lines: int = LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines, from at most the last ``TAIL_READ_BYTES`` of the log (a
+        job may write gigabytes, or one endless line)."""
+        start = max(0, self.log_size(job_id, rank) - TAIL_READ_BYTES)
+        data = self.read_log(job_id, rank, start, TAIL_READ_BYTES)
+        return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
 
 
 def _held(job: _Job, r: _Rank) -> float | None:

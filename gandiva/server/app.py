@@ -15,7 +15,9 @@ and a PATCH for what may change (its priority). Where a job may run and what it 
 import asyncio
 import json
 import math
-from collections.abc import AsyncIterator
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
@@ -62,6 +64,9 @@ DISK_WARN_S = 300.0  # /readyz warns of checkpoints a disk refused this recently
 # a chunked one passes the limit: the server never holds more than this of one request.
 MAX_BODY_BYTES = 1024 * 1024
 PAGE_DEFAULT, PAGE_MAX = 100, 1000  # jobs per page of GET /v1/jobs
+TAIL_BYTES = 4 * 1024 * 1024  # ``logs?tail=`` reads at most this much of a log's end
+FOLLOW_CHUNK_BYTES = 1024 * 1024  # a followed log is read and sent in pieces of at most this
+STREAMS_PER_USER = 8  # open log follows and event streams of one user, together
 
 
 class EventView(BaseModel):
@@ -122,6 +127,25 @@ def finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [finite(v) for v in value]
     return value
+
+
+class Guarded:
+    """ASGI middleware: every response says that its page may load only the server's own
+    scripts, styles and images, may not be framed, and is of the type it says."""
+
+    HEADERS = [(b"content-security-policy", b"default-src 'self'; frame-ancestors 'none'"),
+               (b"x-content-type-options", b"nosniff")]
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        async def guarded(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *self.HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, guarded if scope["type"] == "http" else send)
 
 
 class BodyLimit:
@@ -210,10 +234,37 @@ class NewToken(BaseModel):
     token: str
 
 
+class Streams:
+    """Counts each user's open streams (followed logs, event streams): each holds a
+    connection and polls, so one user may not open them without end."""
+
+    def __init__(self, limit: int = STREAMS_PER_USER) -> None:
+        self.limit = limit
+        self.open: Counter[int] = Counter()
+        self._lock = threading.Lock()
+
+    def take(self, who: Principal) -> Iterator[None]:
+        """A dependency (with ``yield``): the slot is given back once the response ends."""
+        with self._lock:
+            if self.open[who.id] >= self.limit:
+                raise HTTPException(429, f"{who.name} has {self.limit} log or event streams "
+                                         "open already, the most one user may: close one")
+            self.open[who.id] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.open[who.id] -= 1
+
+
 def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    # no /docs: FastAPI's pages load scripts from a CDN, which the policy above refuses;
+    # the schema is at /openapi.json for any OpenAPI viewer (decision 0030)
     app = FastAPI(title="gandiva", version="1", responses=UNAUTHORIZED,
+                  docs_url=None, redoc_url=None,
                   description="Submit, watch and steer training jobs on a gandiva cluster.")
     app.add_middleware(BodyLimit, limit=max_body_bytes)
+    app.add_middleware(Guarded)  # the outermost: a 413 carries its headers too
     store = service.store
 
     @app.exception_handler(RequestValidationError)
@@ -259,6 +310,22 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
         return who
 
     Who = Annotated[Principal, Depends(principal)]
+    streams = Streams()
+
+    def stream_slot(who: Who) -> Iterator[None]:
+        """A stream's slot, held until its response ends."""
+        yield from streams.take(who)
+
+    def log_slot(who: Who, follow: bool = False) -> Iterator[None]:
+        """A log takes a slot only when followed."""
+        yield from streams.take(who) if follow else iter([None])
+
+    def bearer(authorization: Annotated[str | None, Header()] = None) -> str:
+        """The caller's token, which a stream checks again at each poll: a revoked or
+        rotated one ends the stream."""
+        return (authorization or "").partition(" ")[2]
+
+    Token = Annotated[str, Depends(bearer)]
 
     def admin(who: Who) -> Principal:
         if not who.admin:
@@ -356,33 +423,52 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
         service.release(who, visible(who, job_id))
         return service.view(visible(who, job_id))
 
-    @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse, responses=NOT_FOUND)
-    def logs(job_id: str, who: Who, tail: Annotated[int, Query(ge=1, le=100_000)] = 200,
+    too_many = {429: problem(f"{STREAMS_PER_USER} streams of yours open already")}
+
+    @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse,
+             dependencies=[Depends(log_slot)], responses={**NOT_FOUND, **too_many})
+    def logs(job_id: str, who: Who, token: Token,
+             tail: Annotated[int, Query(ge=1, le=100_000)] = 200,
              rank: Annotated[int, Query(ge=0, le=1023)] = 0,
              follow: Annotated[bool, Query(description="Keep sending new lines until the "
                                                        "job ends")] = False) -> Response:
-        """The last ``tail`` lines of the job's output (one rank's), across its restarts."""
+        """The last ``tail`` lines of the job's output (one rank's, among its last
+        ``TAIL_BYTES``), across its restarts."""
         visible(who, job_id)
-        read = service.backend.read_log
-        text = read(job_id, rank)
-        start = b"".join(line + b"\n" for line in text.splitlines()[-tail:])
+        backend = service.backend
+        end = backend.log_size(job_id, rank)
+        start = max(0, end - TAIL_BYTES)
+        text = backend.read_log(job_id, rank, start, end - start)
+        if start > 0:  # the first line read is cut
+            text = text[text.find(b"\n") + 1:] if b"\n" in text else b""
+        first = b"".join(line + b"\n" for line in text.splitlines()[-tail:])
         if not follow:
-            return PlainTextResponse(start)
+            return PlainTextResponse(first)
+        return StreamingResponse(follow_log(who, token, job_id, rank, first, end),
+                                 media_type="text/plain")
 
-        async def more() -> AsyncIterator[bytes]:
-            yield start
-            offset = len(text)
-            while True:
-                ended = store.job(who, job_id).state in TERMINAL  # then one last read
-                chunk = await asyncio.to_thread(read, job_id, rank, offset)
-                if chunk:
-                    offset += len(chunk)
-                    yield chunk
-                elif ended:
-                    return
+    def poll_log(who: Principal, token: str, job_id: str, rank: int, offset: int
+                 ) -> tuple[bool, bytes] | None:
+        """Whether the job has ended (then one last read) and the log's next piece; None
+        once the token no longer works. In a worker thread: it asks the store."""
+        if store.principal(token) is None:
+            return None
+        ended = store.job(who, job_id).state in TERMINAL
+        return ended, service.backend.read_log(job_id, rank, offset, FOLLOW_CHUNK_BYTES)
+
+    async def follow_log(who: Principal, token: str, job_id: str, rank: int, first: bytes,
+                         offset: int) -> AsyncIterator[bytes]:
+        yield first
+        while (polled := await asyncio.to_thread(poll_log, who, token, job_id, rank,
+                                                 offset)) is not None:
+            ended, chunk = polled
+            if chunk:
+                offset += len(chunk)
+                yield chunk
+            elif ended:
+                return
+            if len(chunk) < FOLLOW_CHUNK_BYTES:
                 await asyncio.sleep(FOLLOW_POLL_S)
-
-        return StreamingResponse(more(), media_type="text/plain")
 
     @app.get("/v1/jobs/{job_id}/explain", responses=NOT_FOUND)
     def explain(job_id: str, who: Who) -> Explanation:
@@ -407,14 +493,22 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
         """Events of every job you may see, after event id ``after``, oldest first."""
         return [EventView.of(e) for e in store.all_events(who, after, limit)]
 
-    @app.get("/v1/events/stream", response_class=EventSourceResponse)
-    async def event_stream(request: Request, who: Who, after: AfterId = 0
+    def poll_events(who: Principal, token: str, after: int) -> list[EventRow] | None:
+        """Events after ``after``; None once the token no longer works (in a thread)."""
+        return None if store.principal(token) is None else store.all_events(who, after, 1000)
+
+    @app.get("/v1/events/stream", response_class=EventSourceResponse,
+             dependencies=[Depends(stream_slot)], responses=too_many)
+    async def event_stream(request: Request, who: Who, token: Token, after: AfterId = 0
                            ) -> AsyncIterator[ServerSentEvent]:
-        """The same events as a server-sent event stream that stays open; a client that
-        reconnects with ``Last-Event-ID`` continues where it left off."""
+        """The same events as a server-sent event stream that stays open (until the token
+        is revoked); a client that reconnects with ``Last-Event-ID`` continues where it
+        left off."""
         last = last_event_id(request.headers.get("last-event-id"), after)
         while not await request.is_disconnected():
-            batch = await asyncio.to_thread(store.all_events, who, last, 1000)
+            batch = await asyncio.to_thread(poll_events, who, token, last)
+            if batch is None:
+                return
             for e in batch:
                 last = e.id
                 yield ServerSentEvent(data=EventView.of(e), event=e.kind, id=str(e.id))

@@ -265,6 +265,10 @@ class Store:
         # token hash -> who; a revoked or rotated token leaves it at once (``revoke``,
         # ``rotate``); a change made by another process is seen within TOKEN_RECHECK_S
         self._principals: dict[str, tuple[Principal, float]] = {}
+        # bumped after each revoke or rotate commits: a lookup that read its row before
+        # then does not cache it (it could be the row from before the revoke)
+        self._revocations = 0
+        self._cache_lock = threading.Lock()
         self.migrate()
 
     @contextmanager
@@ -327,13 +331,16 @@ class Store:
     def principal(self, token: str) -> Principal | None:
         who = self.known(token)
         if who is None:
+            revocations = self._revocations
             with Session(self.engine) as s:
                 user = s.scalar(select(User).where(User.token_hash == _hash(token),
                                                    User.revoked_at.is_(None)))
                 if user is None:
                     return None
                 who = Principal(user.id, user.name, user.admin)
-                self._principals[user.token_hash] = (who, time.monotonic())
+            with self._cache_lock:
+                if self._revocations == revocations:
+                    self._principals[user.token_hash] = (who, time.monotonic())
         return who
 
     def known(self, token: str) -> Principal | None:
@@ -349,9 +356,13 @@ class Store:
                     for u in s.scalars(select(User).order_by(User.name))]
 
     def _forget(self, user_id: int) -> None:
-        for key, (who, _) in list(self._principals.items()):
-            if who.id == user_id:
-                self._principals.pop(key, None)
+        """After a revoke or rotate commits: the user's cached tokens go, and no lookup
+        that began before is cached."""
+        with self._cache_lock:
+            self._revocations += 1
+            for key, (who, _) in list(self._principals.items()):
+                if who.id == user_id:
+                    self._principals.pop(key, None)
 
     def revoke(self, name: str) -> None:
         """The user's token stops working at once; their jobs stay (an admin sees them)."""
@@ -360,7 +371,8 @@ class Store:
             if user is None:
                 raise StoreError(f"no user {name!r}")
             user.revoked_at = time.time()
-            self._forget(user.id)
+            user_id = user.id
+        self._forget(user_id)
 
     def rotate(self, name: str) -> str:
         """A new token for the user (a revoked user is enabled again); the old one stops
@@ -371,7 +383,8 @@ class Store:
             if user is None:
                 raise StoreError(f"no user {name!r}")
             user.token_hash, user.revoked_at = _hash(token), None
-            self._forget(user.id)
+            user_id = user.id
+        self._forget(user_id)
         return token
 
     # ---- jobs ---------------------------------------------------------------------------

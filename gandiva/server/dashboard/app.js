@@ -195,7 +195,10 @@ function svg(tag, attrs = {}, ...children) {
 
 function setAttrs(node, attrs) {
   for (const [key, value] of Object.entries(attrs)) {
-    if (value !== null && value !== undefined) node.setAttribute(key, value);
+    if (value === null || value === undefined) continue;
+    // a style through the CSSOM: the page's Content-Security-Policy refuses style attributes
+    if (key === "style") node.style.cssText = value;
+    else node.setAttribute(key, value);
   }
 }
 
