@@ -8,6 +8,7 @@ see exactly the batches an uninterrupted one sees.
 """
 
 import argparse
+import time
 
 import torch
 from torch import nn
@@ -36,6 +37,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--width", type=int, default=16, help="channels of the conv layers")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pace-ms", type=float, default=0.0,
+                    help="wait this long after each mini-batch: a bigger model's step time "
+                         "without its work (a CPU slot standing in for a GPU)")
     args = ap.parse_args()
 
     job = gj.init()
@@ -61,6 +65,8 @@ def main() -> None:
         acc = (model(x).argmax(1) == y).float().mean() if step % 50 == 0 else None
         job.report(samples=args.batch, loss=loss.item(),
                    **({"accuracy": acc.item()} if acc is not None else {}))
+        if args.pace_ms:
+            time.sleep(args.pace_ms / 1000)
     print(f"done: {args.steps} steps, last loss {loss.item():.4f}")
 
 

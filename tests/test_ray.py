@@ -34,9 +34,11 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("ray")]
 
 # A job that must still run when the test acts on it runs long enough for that on a loaded
 # machine; the tests that prove a bit-identical end share two such jobs, so each reference
-# run (an uninterrupted run, alone) is made once: the cnn small (--width 4 --batch 8: 6,000
-# steps, ~9 s), the MLP gang's shards small (a 4-rank gang: ~6 s)
-CNN = ("--steps", "6000", "--seed", "7", *SMALL)
+# run (an uninterrupted run, alone) is made once: the cnn small (--width 4 --batch 8: 1,500
+# steps, each followed by a 4.5 ms wait when it runs under gandiva: ~9 s, ~2 s of CPU; its
+# reference does not wait), the MLP gang's shards small (a 4-rank gang: ~6 s)
+CNN = ("--steps", "1500", "--seed", "7", *SMALL)
+PACE = ("--pace-ms", "4.5")
 MLP = ("--steps", "500", "--seed", "4", "--shard-size", "4")
 
 
@@ -179,7 +181,7 @@ def test_agents_claim_every_gpu_and_placement_follows_the_policy(nodes):
 
 def test_a_job_migrated_to_another_node_ends_bit_identical(nodes, references):
     ref = references("cnn.py", *CNN)
-    nodes.start("m", cnn(*CNN), (0,))  # node 0
+    nodes.start("m", cnn(*CNN, *PACE), (0,))  # node 0
     wait(lambda: checkpoint.steps(node_checkpoints(nodes, 0, "m")), what="a checkpoint")
     nodes.restart("m", (3,))  # device 3 is on node 1: checkpoint, object store, restore
     assert nodes.jobs["m"] == (1,)
@@ -305,7 +307,7 @@ def test_a_lost_node_s_jobs_finish_elsewhere_from_their_checkpoints(own_nodes, c
     # fifo fills node 0 with the 2-device bystander, and puts the victim on node 1
     backend.submit(JobSpec("bystander", 0.0, 2, "unknown"),
                    Launch(["{python}", str(EXAMPLES / "elastic_mlp.py"), "--steps", "800"]))
-    backend.submit(JobSpec("victim", 0.0, 1, "unknown"), cnn(*CNN))
+    backend.submit(JobSpec("victim", 0.0, 1, "unknown"), cnn(*CNN, *PACE))
     out = {}
     loop = threading.Thread(target=lambda: out.update(result=backend.run(timeout=400)))
     loop.start()
@@ -334,7 +336,7 @@ def test_a_silent_agent_s_node_is_lost_its_job_ended_there_and_finished_elsewher
     nodes = own_nodes(silent_s=5.0)
     ref = references("cnn.py", *CNN)
     backend = Driver(make_policy("fifo"), nodes.workdir, nodes=nodes, feedback_steps=20)
-    backend.submit(JobSpec("victim", 0.0, 1, "unknown"), cnn(*CNN))
+    backend.submit(JobSpec("victim", 0.0, 1, "unknown"), cnn(*CNN, *PACE))
     out = {}
     loop = threading.Thread(target=lambda: out.update(result=backend.run(timeout=400)))
     loop.start()

@@ -20,6 +20,9 @@ from gandiva.node.agent import Agent, AgentError, Launch  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SMALL = ("--width", "4", "--batch", "8")  # a cnn of 1.5 ms a step, not 3.4
+# A job that must outlast what a test does to it waits between its mini-batches rather than
+# computes: its wall time, a fraction of its CPU. Its reference runs without: the same math.
+PACE = ("--pace-ms", "3")
 
 
 def launch(script: str, *args: str) -> Launch:
@@ -116,9 +119,9 @@ def test_checkpoint_is_a_plain_torch_file_with_its_digest_beside_it(tmp_path):
 # ---- the agent and the library -------------------------------------------------------------
 
 def test_suspended_resumed_moved_and_restarted_job_ends_bit_identical(agent, tmp_path):
-    args = ("--steps", "2000", "--seed", "3")
+    args = ("--steps", "2000", "--seed", "3", *SMALL)
     ref = reference(tmp_path, "cnn.py", *args)
-    agent.start("j", launch("cnn.py", *args), (0,))
+    agent.start("j", launch("cnn.py", *args, *PACE), (0,))
     started(agent, "j")
     for i in range(6):  # suspend and resume, alternating slots
         trains(agent, "j")
@@ -154,11 +157,11 @@ def test_elastic_job_shrunk_then_grown_ends_bit_identical(agent, tmp_path):
 
 
 def test_sigkill_loses_only_the_work_since_the_last_checkpoint(zygote, tmp_path):
-    args = ("--steps", "2000", "--seed", "5")
+    args = ("--steps", "2000", "--seed", "5", *SMALL)
     ref = reference(tmp_path, "cnn.py", *args)
     agent = Agent(tmp_path / "agent", ["cpu:0"], checkpoint_every_s=0.5, zygote=zygote)
     try:
-        agent.start("k", launch("cnn.py", *args), (0,))
+        agent.start("k", launch("cnn.py", *args, *PACE), (0,))
         started(agent, "k")
         until(lambda: checkpoint.steps(agent.checkpoint_dir("k")), what="a checkpoint")
         pid = agent.jobs["k"].ranks[0].proc.pid
