@@ -18,8 +18,10 @@ long job's rank hung (it stops reporting; ``--hang-after 10``); the checkpoint v
 (a 64 MiB tmpfs mounted under the server's job directory and filled, 20 s); a running job's
 checkpoint directory removed; the wall clock stepped a day ahead for 20 s and back (an NTP
 step, for the server's process tree only: see ``STEPPED_CLOCK``; the long jobs have a time
-limit of 10 min); and, at scale, the database stopped 10 s under a server of 1,000 hollow
-8-GPU nodes (no processes) with a steady stream of hollow jobs.
+limit of 10 min); at scale, the database stopped 10 s under a server of 1,000 hollow
+8-GPU nodes (no processes) with a steady stream of hollow jobs; and hostile jobs: one job
+for each kind of bad report ``tests/test_hostile_job.py`` sends, all at once (they fail,
+by their own fault: not counted as failed).
 
 Each row: submissions acknowledged (2xx), lost (acknowledged, not stored at the end: must be
 0), jobs failed (must be 0: no fault here is a job's own fault), 503s and failed connections
@@ -58,6 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the tests' server and PostgreSQL helpers
 import pgcluster  # noqa: E402
 from serving import metric, running  # noqa: E402
+from test_hostile_job import CASES, HOSTILE  # noqa: E402
 from waiting import until  # noqa: E402
 
 SUBMIT_EVERY_S = 0.5
@@ -275,6 +278,7 @@ FAULTS = [
     Fault("clock-stepped-20s", 20, clock=True),
     Fault("db-away-10s-1000-nodes", 10, hollow=True),
     Fault("agent-silent", 0, dbs=("sqlite",), ray=True),
+    Fault("hostile-jobs", 0),
 ]
 
 
@@ -362,6 +366,7 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
             until(lambda: all(checkpoints(srv.home, j) for j in longs), 60,
                   "a checkpoint of each long job", every=ASK_EVERY_S)
         started = time.monotonic()
+        later: list[str] = []  # what the fault's own branch saw, said after how it was made
         if fault.name.startswith("db-away"):
             with db_away(db, url, cluster) as how:
                 time.sleep(fault.length_s)
@@ -395,6 +400,21 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
             offset.write_text(str(STEP_S))
             time.sleep(fault.length_s)
             offset.write_text("0")
+        elif fault.name == "hostile-jobs":
+            how = f"{len(CASES)} jobs at once each send one kind of bad report"
+            (user_dir / "hostile.py").write_text(HOSTILE)
+            rss = rss_mib(srv.proc.pid)
+            hostile = [http.post("/v1/jobs", json={"name": f"hostile-{i}", "command":
+                                                   ["python", "hostile.py", what]}
+                                 ).raise_for_status().json()["id"]
+                       for i, what in enumerate(CASES)]
+            until(lambda: all(http.get(f"/v1/jobs/{j}").json()["state"] == "failed"
+                              for j in hostile), 180, "every hostile job failed",
+                  every=ASK_EVERY_S)
+            said = sum(http.get(f"/v1/jobs/{j}").json()["reason"].startswith("bad report")
+                       for j in hostile)
+            later.append(f"{said} of {len(hostile)} failed with 'bad report: ...'; the "
+                         f"server's RSS {rss:.0f} -> {rss_mib(srv.proc.pid):.0f} MiB")
         elif fault.name == "checkpoints-removed":
             how = "rm -rf the job's checkpoint directory"
             subprocess.run(["rm", "-rf", str(srv.home / "run" / "jobs" / longs[0] / "checkpoints")])
@@ -405,7 +425,8 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
         jobs = {j["id"]: j for j in http.get("/v1/jobs", params={"limit": 1000}).json()}
         row.acked = len(load.acked)
         row.lost = sum(1 for job_id, _ in load.acked.values() if job_id not in jobs)
-        row.failed = sum(1 for j in jobs.values() if j["state"] == "failed")
+        row.failed = sum(1 for j in jobs.values() if j["state"] == "failed"
+                         and not j["name"].startswith("hostile-"))  # (their own fault)
         row.answered_503 = load.codes["503"]
         row.no_connection = load.codes["no connection"]
         row.slowest_answer_s = load.slowest_s
@@ -417,7 +438,7 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
             row.recovery_s = max(first_ack, first_ready) - ended
         problems = Counter(re.sub(r"\d+", "N", p) for at, code, p in load.ready
                            if started <= at <= ended + 5 and code != 200)
-        row.saw.append(how)
+        row.saw += [how, *later]
         if fault.clock:
             ahead = sum(1 for j in jobs.values() if j["submitted_at"] > time.time() + STEP_S / 2)
             row.saw.append(f"{ahead} jobs stamped as submitted a day ahead")
@@ -442,6 +463,12 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
                 why = [e["data"] for e in events(http, job_id) if e["kind"] == "restarted"]
                 row.saw.append(f"  restarted: {str(why[0])[:90]}")
     return row
+
+
+def rss_mib(pid: int) -> float:
+    """The resident memory of process ``pid`` (MiB)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", status)[1]) / 1024
 
 
 def checkpoints(home: Path, job_id: str) -> bool:

@@ -410,6 +410,27 @@ def test_a_trial_let_through_alone_is_judged_again_when_others_reach_its_rung(zy
         s.up.crash()
 
 
+def test_a_sweep_request_of_a_billion_grid_points_builds_one_trial(zygote, home):
+    """Through the API, as a client sends it: the server builds the trial, not the grid."""
+    import tracemalloc
+
+    path, auth = home
+    up = Up(path, zygote)
+    try:
+        spec = {"name": "g", "command": "python cnn.py --steps 1 --lr {p0}", "metric": "loss",
+                "trials": 1, "space": {f"p{k}": {"grid": list(range(10))} for k in range(9)}}
+        tracemalloc.start()
+        try:
+            r = up.client.post("/v1/sweeps", json=spec, headers=auth)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert r.status_code == 201, r.text
+        assert len(r.json()["trials"]) == 1 and peak < 20 * 2**20  # one point, not ~100 GB
+    finally:
+        up.crash()
+
+
 def test_a_sweep_stops_trials_at_its_rungs_promotes_the_rest_and_names_the_best(zygote, home):
     path, auth = home
     up = Up(path, zygote)

@@ -177,6 +177,8 @@ class Zygote:
             if not chunk:
                 break
             buf += chunk
+            if len(buf) > wire.LINE_BYTES and b"\n" not in buf:
+                buf = b""  # not ours (ours are a line of a few bytes): dropped, never held
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 try:
