@@ -354,6 +354,8 @@ def run_row(fault: Fault, db: str, cluster: pgcluster.Cluster | None) -> Row:
                 env = {"STEPS": "600"}
                 if fault.hang and i == 0:
                     env["HANG"] = "1"
+                if fault.clock:  # (a job gets none of the server's environment: named here)
+                    env.update(server_env)
                 r = http.post("/v1/jobs", json={"name": f"long-{i}", "command":
                                                 ["python", "long.py"], "env": env,
                                                 "time_limit": 600 if fault.clock else None})

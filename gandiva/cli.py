@@ -380,6 +380,7 @@ def server(
         pol = make_policy(policy)
     except ValueError as e:
         raise fail(str(e)) from None
+    os.umask(0o077)  # the database, logs and checkpoints: this account's alone
     home = home.resolve()
     home.mkdir(parents=True, exist_ok=True)
     store = Store(db or str(home / "gandiva.db"))
@@ -475,6 +476,7 @@ def user_add(
     """Add a user and print their token (shown once: only its hash is stored)."""
     from gandiva.server.store import Store, StoreError
 
+    os.umask(0o077)  # the database it may create holds the tokens' hashes: the server's alone
     home.mkdir(parents=True, exist_ok=True)
     store = Store(db or str(home / "gandiva.db"))
     try:

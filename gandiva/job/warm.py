@@ -31,6 +31,7 @@ import selectors
 import signal
 import socket
 import sys
+import tempfile
 import threading
 
 from gandiva.job import output, wire
@@ -118,6 +119,7 @@ def enter(go: wire.Become, control_fd: int | None = None) -> None:
     os.environ.update(go.env)
     if control_fd is not None:
         os.environ["GANDIVA_CONTROL_FD"] = str(control_fd)
+    tempfile.tempdir = None  # found again from the job's TMPDIR (the zygote's imports asked)
     os.chdir(go.cwd)
     sys.argv = go.argv
     sys.path[0] = os.path.dirname(os.path.abspath(go.argv[0]))

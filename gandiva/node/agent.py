@@ -28,14 +28,17 @@ when its user runs ``python script.py`` (HF's Trainer would wrap it in DDP other
 
 from __future__ import annotations
 
+import hashlib
 import os
 import queue
 import re
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -46,7 +49,7 @@ from typing import Any
 from gandiva.backends.nodes import AgentEvent, Launch
 from gandiva.job import wire
 from gandiva.node import devices as gpus
-from gandiva.node import torchrun
+from gandiva.node import environment, torchrun
 from gandiva.node.zygote import Forked, Zygote, warm_compatible
 
 MAX_RESTARTS = 3  # torchrun's --max-restarts: enough for a transient fault, not a crash loop
@@ -201,6 +204,12 @@ class Agent:
 
     def job_dir(self, job_id: str) -> Path:
         return self.workdir / "jobs" / job_id
+
+    def tmp_dir(self, job_id: str) -> Path:
+        """The job's TMPDIR while it runs, its own: under the node's, by a short name (a
+        socket's path, ``multiprocessing``'s under TMPDIR, must fit in 107 bytes)."""
+        name = hashlib.sha256(f"{self.workdir}\0{job_id}".encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"gandiva-{name}"
 
     def checkpoint_dir(self, job_id: str) -> Path:
         return self.job_dir(job_id) / "checkpoints"
@@ -420,6 +429,8 @@ class Agent:
         job.heard = time.monotonic()
         directory = self.job_dir(job.id)
         directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.tmp_dir(job.id)
+        tmp.mkdir(mode=0o700, exist_ok=True)
         _kill_leftovers(directory / "pids")
         if job.gang is None:
             job.store = _store()
@@ -440,7 +451,7 @@ class Agent:
         command = [self.python if c == "{python}" else c for c in command]
         visible = gpus.visible(job.devices, len(self.devices), job.id in self.in_place)
         for rank in range(len(job.devices)):
-            env = {**os.environ, **job.launch.env,
+            env = {**environment.for_jobs(), "TMPDIR": str(tmp), **job.launch.env,
                    "GANDIVA_JOB_ID": job.id,
                    "GANDIVA_CHECKPOINT_DIR": str(self.checkpoint_dir(job.id)),
                    "GANDIVA_CHECKPOINT_EVERY_S": str(self.checkpoint_every_s),
@@ -800,6 +811,8 @@ class Agent:
                 pass
             r.sock.close()
         self._cap(job.devices)  # its GPU-mates have its memory now
+        if self.jobs.get(job.id) in (None, job):  # (not a run of it started since)
+            shutil.rmtree(self.tmp_dir(job.id), ignore_errors=True)
 
     def _log(self, job: _Job, text: str) -> None:
         with open(self.job_dir(job.id) / f"rank{job.first}.log", "ab") as f:
@@ -835,7 +848,8 @@ def _held(job: _Job, r: _Rank) -> float | None:
 def start_zygote(workdir: Path, threads: int = 1, python: str = sys.executable) -> Zygote:
     """A zygote whose forks start as an agent with ``threads`` per job starts an ordinary
     job: with what every job gets in its environment."""
-    return Zygote(python, workdir, env={"OMP_NUM_THREADS": str(threads),
+    return Zygote(python, workdir, env={**environment.for_jobs(),
+                                        "OMP_NUM_THREADS": str(threads),
                                         "PYTHONUNBUFFERED": "1"})
 
 

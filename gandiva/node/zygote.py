@@ -79,20 +79,18 @@ class Forked:
 
 class Zygote:
     """Starts ``python -m gandiva.job.warm`` at once; ``fork`` gives a warm process once its
-    imports are done (``ready``), None before that or when it cannot. ``env``: what to add to
-    this process's environment for the zygote, to match what every job gets (so that
-    ``warm_compatible(zygote.env, job_env)`` holds for ordinary jobs); ``self.env`` is the
-    environment it started with."""
+    imports are done (``ready``), None before that or when it cannot. ``env``: the zygote's
+    whole environment, what every job gets (so that ``warm_compatible(zygote.env, job_env)``
+    holds for ordinary jobs; none of this process's own reaches it or its forks)."""
 
-    def __init__(self, python: str, workdir: Path, env: Mapping[str, str] | None = None
-                 ) -> None:
+    def __init__(self, python: str, workdir: Path, env: Mapping[str, str]) -> None:
         self._lock = threading.Lock()  # one fork at a time: a request, then its answer
         self._exits: dict[int, int] = {}
         self._forked: list[int] = []
         self._answer = threading.Condition()
         self._ready = threading.Event()
         self._gone = False  # its channel closed: it will never be ready
-        self.env = {**os.environ, **(env or {})}
+        self.env = dict(env)
         ours, theirs = socket.socketpair()
         with open(workdir / "warm.log", "ab") as log:
             self.proc = subprocess.Popen(

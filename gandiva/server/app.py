@@ -439,12 +439,17 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
         end = backend.log_size(job_id, rank)
         start = max(0, end - TAIL_BYTES)
         text = backend.read_log(job_id, rank, start, end - start)
+        offset = start + len(text)  # where a follow goes on: after what was read
         if start > 0:  # the first line read is cut
             text = text[text.find(b"\n") + 1:] if b"\n" in text else b""
-        first = b"".join(line + b"\n" for line in text.splitlines()[-tail:])
+        cut = len(text)  # split only the last ``tail`` lines, not 4 MiB of short ones
+        for _ in range(tail + 1):
+            if (cut := text.rfind(b"\n", 0, cut)) < 0:
+                break
+        first = b"".join(line + b"\n" for line in text[cut + 1:].splitlines()[-tail:])
         if not follow:
             return PlainTextResponse(first)
-        return StreamingResponse(follow_log(who, token, job_id, rank, first, end),
+        return StreamingResponse(follow_log(who, token, job_id, rank, first, offset),
                                  media_type="text/plain")
 
     def poll_log(who: Principal, token: str, job_id: str, rank: int, offset: int
