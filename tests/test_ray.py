@@ -34,12 +34,12 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("ray")]
 
 # A job that must still run when the test acts on it runs long enough for that on a loaded
 # machine; the tests that prove a bit-identical end share two such jobs, so each reference
-# run (an uninterrupted run, alone) is made once: the cnn small (--width 4 --batch 8: 2,500
-# steps, each followed by a 4.5 ms wait when it runs under gandiva: ~15 s, ~4 s of CPU, so
+# run (an uninterrupted run, alone) is made once: the cnn small (--width 4 --batch 8: 1,500
+# steps, each followed by an 8 ms wait when it runs under gandiva: ~14 s, ~2 s of CPU, so
 # that it outlasts a silent node's 5 s and its detection; its reference does not wait), the
 # MLP gang's shards small (a 4-rank gang: ~6 s)
-CNN = ("--steps", "2500", "--seed", "7", *SMALL)
-PACE = ("--pace-ms", "4.5")
+CNN = ("--steps", "1500", "--seed", "7", *SMALL)
+PACE = ("--pace-ms", "8")
 MLP = ("--steps", "500", "--seed", "4", "--shard-size", "4")
 
 
