@@ -29,7 +29,9 @@ from gandiva.run import RunResult, outcome
 from gandiva.spec import JobSpec, JobState
 
 DEMO_QUANTUM_S = 5.0
-ZYGOTE_WAIT_S = 120.0  # for the warm zygote's imports (seconds of CPU), before the first run
+# the demo waits this long for its zygote's imports before its first run, so that its
+# timings are the scheduler's, not an import's (a job's start waits less: agent.ZYGOTE_WAIT_S)
+WARM_UP_S = 120.0
 
 
 def examples_dir() -> Path:
@@ -169,7 +171,7 @@ def run_demo(cfg: DemoConfig, workdir: Path, on_start=None) -> dict[str, tuple[R
     # that run's agent starts a zygote of its own.
     workdir.mkdir(parents=True, exist_ok=True)
     zygote = start_zygote(workdir)
-    zygote.wait_ready(ZYGOTE_WAIT_S)  # if it never is, the jobs start cold, as without it
+    zygote.wait_ready(WARM_UP_S)  # if it never is, the jobs start cold, as without it
     try:
         for name in cfg.policies:
             spec = policy_spec(name, cfg)
