@@ -4,13 +4,13 @@ import contextlib
 import json
 import shutil
 import threading
-import tracemalloc
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 from fastapi.testclient import TestClient  # noqa: E402
+from held import Held  # noqa: E402
 from serving import PACED  # noqa: E402
 from waiting import first_ok, until  # noqa: E402
 
@@ -354,18 +354,6 @@ def test_logs_follow_until_the_job_ends_and_time_limits_stop_jobs(server):
     assert job["finished_at"] - job["started_at"] < 30
 
 
-def peak_mib(action) -> float:
-    """The most memory Python held (MiB, more than at the start) while ``action`` ran."""
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        before = tracemalloc.get_traced_memory()[0]
-        action()
-        return (tracemalloc.get_traced_memory()[1] - before) / 2**20
-    finally:
-        tracemalloc.stop()
-
-
 def test_a_huge_log_is_tailed_from_its_end_and_followed_in_bounded_pieces(server, tmp_path):
     """64 MiB of output: ``tail`` reads only the end, ``follow`` sends it in pieces; the
     server never holds the log (the whole of it read at once: over 128 MiB)."""
@@ -377,24 +365,20 @@ def test_a_huge_log_is_tailed_from_its_end_and_followed_in_bounded_pieces(server
     poll(lambda: client.get(f"/v1/jobs/{job_id}/logs", headers=ada).text,
          lambda text: "start" in text)
     got = 0
-
-    def follow() -> None:
-        nonlocal got
-        with client.stream("GET", f"/v1/jobs/{job_id}/logs?follow=true&tail=1",
-                           headers=ada) as r:
-            (tmp_path / "base" / "users" / "ada" / "go").touch()
-            for chunk in r.iter_bytes():
-                got += len(chunk)
-                assert len(chunk) <= 2**20 + 64
-                last = chunk
-        assert last.endswith(b"THE END\n")
-
-    assert peak_mib(follow) < 32
+    with Held() as following, client.stream(
+            "GET", f"/v1/jobs/{job_id}/logs?follow=true&tail=1", headers=ada) as r:
+        (tmp_path / "base" / "users" / "ada" / "go").touch()
+        for chunk in r.iter_bytes():
+            got += len(chunk)
+            assert len(chunk) <= 2**20 + 64
+            last = chunk
+    assert last.endswith(b"THE END\n")
+    assert following.mib < 32
     assert got > 64 * 2**20
-    tail = []
-    assert peak_mib(lambda: tail.append(
-        client.get(f"/v1/jobs/{job_id}/logs?tail=3", headers=ada).text)) < 32
-    assert tail[0].splitlines() == ["x" * 1023, "x" * 1023, "THE END"]
+    with Held() as tailing:
+        tail = client.get(f"/v1/jobs/{job_id}/logs?tail=3", headers=ada).text
+    assert tailing.mib < 32
+    assert tail.splitlines() == ["x" * 1023, "x" * 1023, "THE END"]
 
 
 def test_streams_are_capped_per_user_and_end_when_the_token_is_revoked(server):

@@ -10,7 +10,6 @@ import os
 import queue
 import sys
 import time
-import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers", reason="pip install -e '.[integrations]'")
 
+from held import Held  # noqa: E402
 from test_runtime import EXAMPLES, flatten  # noqa: E402
 
 from gandiva.job import checkpoint  # noqa: E402
@@ -108,14 +108,10 @@ def test_checkpoint_file_is_streamed_not_held_in_memory_and_the_earlier_format_r
     big = os.urandom(1 << 20) * 48  # 48 MB
     (folder / "model.safetensors").write_bytes(big)
     (folder / "sub" / "x.json").write_text("{}")
-    tracemalloc.start()
-    try:
+    with Held() as held:
         hf.pack(folder, tmp_path / "packed", {hf.META: b'{"world_size": 1}'})
         hf.unpack(tmp_path / "packed", tmp_path / "out")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < 8 << 20, peak  # a few copy buffers, never the 48 MB file
+    assert held.mib < 8, held.mib  # a few copy buffers, never the 48 MB file
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == big
     assert (tmp_path / "out" / "sub" / "x.json").read_text() == "{}"
     assert hf.read(tmp_path / "packed", hf.META) == b'{"world_size": 1}'

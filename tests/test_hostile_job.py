@@ -2,12 +2,12 @@
 reason naming what it sent; the agent's reader, the loop and every other job go on."""
 
 import time
-import tracemalloc
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
+from held import Held  # noqa: E402
 from waiting import node_event  # noqa: E402
 
 from gandiva.backends.nodes import AgentEvent, Launch  # noqa: E402
@@ -102,17 +102,15 @@ def test_each_bad_report_fails_its_sender_alone_naming_it(zygote, tmp_path):
     hostile, good = scripts(tmp_path)
     slots = [f"cpu:{i}" for i in range(len(CASES) + 2)]
     agent = Agent(tmp_path / "agent", slots, zygote=zygote)
-    tracemalloc.start()  # what the agent's reader held of it all (an endless line: no end)
     try:
         bad = {f"bad{i}": what for i, what in enumerate(CASES)}
-        for i, (job, what) in enumerate(bad.items()):
-            agent.start(job, python(hostile, what), (i,))
-        agent.start("good", python(good), (len(CASES),))
-        ended = ends(agent, {*bad, "good"})
-        held_mib = tracemalloc.get_traced_memory()[1] / 2**20
-        tracemalloc.stop()
-        print(f"the agent held at most {held_mib:.1f} MiB")
-        assert held_mib < 24  # a line over LINE_BYTES (1 MiB) is dropped, not held
+        with Held() as held:  # what the agent's reader held of it all (an endless line: no end)
+            for i, (job, what) in enumerate(bad.items()):
+                agent.start(job, python(hostile, what), (i,))
+            agent.start("good", python(good), (len(CASES),))
+            ended = ends(agent, {*bad, "good"})
+        print(f"the agent held at most {held.mib:.1f} MiB")
+        assert held.mib < 24  # a line over LINE_BYTES (1 MiB) is dropped, not held
         assert ended.pop("good").kind == "done"  # the other job ends well
         for job, what in bad.items():
             assert ended[job].kind == "failed", ended[job]
@@ -124,7 +122,6 @@ def test_each_bad_report_fails_its_sender_alone_naming_it(zygote, tmp_path):
         agent.start("after", python(good), (len(CASES) + 1,))  # the reader and reaper go on
         node_event(agent, "done", "after")
     finally:
-        tracemalloc.stop()
         agent.close()
 
 

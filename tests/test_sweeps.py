@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from held import Held
 
 from gandiva.job import wire
 from gandiva.server.jobspec import SpecError
@@ -61,19 +62,13 @@ def test_a_sweeps_trials_are_drawn_from_its_seed_with_their_parameters_in_the_co
 def test_a_grid_of_a_billion_points_and_one_trial_builds_one_point():
     """A 400-byte spec: 9 parameters of 10 values each, 1 trial (the product, built whole,
     would be ~100 GB)."""
-    import tracemalloc
-
     space = ", ".join(f"p{k}: {{grid: [{', '.join(map(str, range(10)))}]}}" for k in range(9))
-    tracemalloc.start()
-    try:
+    with Held() as held:
         spec = parse(f"name: g\ncommand: python a.py\nmetric: loss\ntrials: 1\n"
                      f"space: {{{space}}}")
         trials = spec.draw()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
     assert spec.grid_size() == 10**9 and trials == [{f"p{k}": 0 for k in range(9)}]
-    assert peak < 20 * 2**20  # bytes: a point, not the grid
+    assert held.mib < 20  # a point, not the grid
     grids = {"a": [1, 2, 3], "b": ["x", "y"], "c": [True, False]}  # itertools.product's order
     assert [tuple(grid_point(grids, i).values()) for i in range(24)] == \
         list(itertools.product(*grids.values())) * 2
@@ -412,21 +407,15 @@ def test_a_trial_let_through_alone_is_judged_again_when_others_reach_its_rung(zy
 
 def test_a_sweep_request_of_a_billion_grid_points_builds_one_trial(zygote, home):
     """Through the API, as a client sends it: the server builds the trial, not the grid."""
-    import tracemalloc
-
     path, auth = home
     up = Up(path, zygote)
     try:
         spec = {"name": "g", "command": "python cnn.py --steps 1 --lr {p0}", "metric": "loss",
                 "trials": 1, "space": {f"p{k}": {"grid": list(range(10))} for k in range(9)}}
-        tracemalloc.start()
-        try:
+        with Held() as held:
             r = up.client.post("/v1/sweeps", json=spec, headers=auth)
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
         assert r.status_code == 201, r.text
-        assert len(r.json()["trials"]) == 1 and peak < 20 * 2**20  # one point, not ~100 GB
+        assert len(r.json()["trials"]) == 1 and held.mib < 20  # one point, not ~100 GB
     finally:
         up.crash()
 
