@@ -28,7 +28,6 @@ when its user runs ``python script.py`` (HF's Trainer would wrap it in DDP other
 
 from __future__ import annotations
 
-import hashlib
 import os
 import queue
 import re
@@ -133,6 +132,7 @@ class _Job:
     replies: dict[str, wire.Report] = field(default_factory=dict)  # "suspended:0" -> it
     gang: Gang | None = None  # a part of a gang over several nodes
     store: Any = None  # the rendezvous store its ranks meet at, if this part hosts it
+    tmp: Path | None = None  # its TMPDIR while its processes run
 
     @property
     def first(self) -> int:
@@ -205,12 +205,6 @@ class Agent:
     def job_dir(self, job_id: str) -> Path:
         return self.workdir / "jobs" / job_id
 
-    def tmp_dir(self, job_id: str) -> Path:
-        """The job's TMPDIR while it runs, its own: under the node's, by a short name (a
-        socket's path, ``multiprocessing``'s under TMPDIR, must fit in 107 bytes)."""
-        name = hashlib.sha256(f"{self.workdir}\0{job_id}".encode()).hexdigest()[:16]
-        return Path(tempfile.gettempdir()) / f"gandiva-{name}"
-
     def checkpoint_dir(self, job_id: str) -> Path:
         return self.job_dir(job_id) / "checkpoints"
 
@@ -233,6 +227,8 @@ class Agent:
             zygote.wait_ready(ZYGOTE_WAIT_S)  # (not under the lock: the reader goes on)
         with self._lock:
             old = self.jobs.get(job_id)
+            if old is not None:  # stopped (a restart): its run's TMPDIR goes with it
+                _remove_tmp(old)
             job = _Job(job_id, launch, tuple(devices), restarts=old.restarts if old else 0,
                        gang=gang)
             self.jobs[job_id] = job
@@ -399,14 +395,19 @@ class Agent:
         user holds: it keeps no device and no memory)."""
         if job_id in self.jobs:
             self.stop(job_id, checkpoint=True)
-            self.jobs.pop(job_id, None)
-            self.ended.add(job_id)
+            self._forget(job_id)
 
     def kill(self, job_id: str) -> None:
         if job_id in self.jobs:
             self.stop(job_id, checkpoint=False)
-            self.jobs.pop(job_id, None)
-            self.ended.add(job_id)
+            self._forget(job_id)
+
+    def _forget(self, job_id: str) -> None:
+        """A stopped job leaves the agent (the reader no longer reaps it): its TMPDIR too."""
+        job = self.jobs.pop(job_id, None)
+        if job is not None:
+            _remove_tmp(job)
+        self.ended.add(job_id)
 
     def close(self) -> None:
         with self._lock:
@@ -419,6 +420,8 @@ class Agent:
             self._closed = True
         self._wakeup_w.send(b"x")
         self._thread.join(timeout=5)
+        for job in list(self.jobs.values()):  # (those the reader did not reap before it ended)
+            _remove_tmp(job)
 
     # ---- processes ----------------------------------------------------------------------
     def _device_name(self, job: _Job, r: _Rank) -> str:
@@ -429,8 +432,9 @@ class Agent:
         job.heard = time.monotonic()
         directory = self.job_dir(job.id)
         directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.tmp_dir(job.id)
-        tmp.mkdir(mode=0o700, exist_ok=True)
+        if job.tmp is None:  # its own, made anew (0700, a name no one could take before it),
+            # short: a socket's path, ``multiprocessing``'s under TMPDIR, fits in 107 bytes
+            job.tmp = Path(tempfile.mkdtemp(prefix="gandiva-"))
         _kill_leftovers(directory / "pids")
         if job.gang is None:
             job.store = _store()
@@ -451,7 +455,7 @@ class Agent:
         command = [self.python if c == "{python}" else c for c in command]
         visible = gpus.visible(job.devices, len(self.devices), job.id in self.in_place)
         for rank in range(len(job.devices)):
-            env = {**environment.for_jobs(), "TMPDIR": str(tmp), **job.launch.env,
+            env = {**environment.for_jobs(), "TMPDIR": str(job.tmp), **job.launch.env,
                    "GANDIVA_JOB_ID": job.id,
                    "GANDIVA_CHECKPOINT_DIR": str(self.checkpoint_dir(job.id)),
                    "GANDIVA_CHECKPOINT_EVERY_S": str(self.checkpoint_every_s),
@@ -798,6 +802,7 @@ class Agent:
                           + self.log_tail(job.id))
 
     def _finish(self, job: _Job, reason: str) -> None:
+        _remove_tmp(job)  # (one that never started, too)
         self.jobs.pop(job.id, None)
         self.ended.add(job.id)
         self.events.put(AgentEvent("failed", job.id, {"reason": reason, "run": job.run}))
@@ -811,8 +816,7 @@ class Agent:
                 pass
             r.sock.close()
         self._cap(job.devices)  # its GPU-mates have its memory now
-        if self.jobs.get(job.id) in (None, job):  # (not a run of it started since)
-            shutil.rmtree(self.tmp_dir(job.id), ignore_errors=True)
+        _remove_tmp(job)
 
     def _log(self, job: _Job, text: str) -> None:
         with open(self.job_dir(job.id) / f"rank{job.first}.log", "ab") as f:
@@ -837,6 +841,12 @@ class Agent:
         start = max(0, self.log_size(job_id, rank) - TAIL_READ_BYTES)
         data = self.read_log(job_id, rank, start, TAIL_READ_BYTES)
         return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+def _remove_tmp(job: _Job) -> None:
+    if job.tmp is not None:
+        shutil.rmtree(job.tmp, ignore_errors=True)
+        job.tmp = None
 
 
 def _held(job: _Job, r: _Rank) -> float | None:
