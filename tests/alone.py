@@ -22,7 +22,8 @@ for line in sys.stdin:
     run = json.loads(line)
     pid = os.fork()
     if pid == 0:
-        warm.enter(wire.Become(run["argv"], run["env"], run["cwd"], run["log"]))
+        warm.enter(wire.Become(run["argv"], run["env"], run["cwd"]),
+                   os.open(run["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
     print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """
 # what a job's process gets from its agent that acts at start-up (as start_zygote's)

@@ -5,6 +5,7 @@ when Python or torch starts."""
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -123,8 +124,10 @@ def become(zygote: Zygote, tmp_path: Path, script: Path, env: dict[str, str]) ->
     assert forked is not None
     proc, ours = forked
     with ours:
-        ours.sendall(wire.encode(wire.Become([str(script)], env, str(tmp_path),
-                                             str(tmp_path / "log.txt"))))
+        log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        socket.send_fds(ours, [wire.encode(wire.Become([str(script)], env, str(tmp_path)))],
+                        [log])
+        os.close(log)
         return proc.wait(timeout=60)
 
 

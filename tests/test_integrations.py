@@ -59,7 +59,8 @@ pids = {}
 for i, run in enumerate(runs):
     pid = os.fork()
     if pid == 0:  # as a warm job starts, with no agent: exits as python script.py does
-        warm.enter(wire.Become(run["argv"], run["env"], run["cwd"], run["log"]))
+        warm.enter(wire.Become(run["argv"], run["env"], run["cwd"]),
+                   os.open(run["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
     pids[pid] = i
 codes = [None] * len(runs)
 while pids:

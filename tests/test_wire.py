@@ -9,8 +9,8 @@ from gandiva.job import wire
 
 MESSAGES = [
     wire.Suspend(), wire.Resume("cuda:1"), wire.Checkpoint(exit=True),
-    wire.Checkpoint(periodic=True), wire.Become(["train.py", "--lr", "0.1"], {"A": "1"}, "/w",
-                                                "/w/log"),
+    wire.Checkpoint(periodic=True), wire.Become(["train.py", "--lr", "0.1"], {"A": "1"}, "/w"),
+    wire.Become(["t.py"], {}, "/w", uid=61200, gid=61200, groups=[61200, 27]),
     wire.Fork(), wire.Ready(), wire.Forked(4242), wire.Exited(4242, -9),
     wire.Hello(pid=42, rank=3), wire.Started(7, 5),
     wire.Profile(9, mini_batch_time=0.25, memory_gb=1.5, utilization=0.8, samples_per_s=128.0,

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gandiva.node.accounts import Account
+
 if TYPE_CHECKING:
     from gandiva.state import Cluster
 
@@ -34,6 +36,7 @@ class Launch:
     command: list[str]
     cwd: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
+    account: Account | None = None  # who its processes run as (None: as the node's agent)
 
 
 @dataclass

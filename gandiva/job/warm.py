@@ -12,7 +12,8 @@ The protocol (``wire``): the zygote says ``Ready`` once its imports are done. Fo
 (with a socket passed by SCM_RIGHTS) it forks a child, answers ``Forked(pid)``, and when a
 child ends, ``Exited(pid, code)``: it is the children's parent, so only it learns their exit
 status. The child is a warm process: on ``Become`` (argv, environment, working directory,
-log file) on its socket, it takes on the job's environment and log and runs the script as
+account, and the log file's descriptor) on its socket, it drops to the job's account, takes
+on its environment and log and runs the script as
 ``__main__``; when the script ends, the interpreter exits as after ``python script.py``
 (exit status, traceback, ``atexit`` handlers), but with the script's process groups
 destroyed first (see ``wind_down``). A job that starts cold runs through the same end:
@@ -92,29 +93,39 @@ def zygote(sock: socket.socket) -> socket.socket:
 
 
 def become(channel: socket.socket) -> None:
-    """Wait for ``Become`` on ``channel`` and run the job's script as ``__main__``."""
-    line = b""
-    while not line.endswith(b"\n"):  # byte by byte: what follows belongs to the job
+    """Wait for ``Become`` on ``channel`` (its log file with its first byte) and run the
+    job's script as ``__main__``."""
+    try:
+        line, fds, _, _ = socket.recv_fds(channel, 1, 1)
+    except OSError:
+        line, fds = b"", []
+    while line and not line.endswith(b"\n"):  # byte by byte: what follows is the job's
         try:
             c = channel.recv(1)
         except OSError:
             c = b""
         if not c:
-            sys.exit(0)  # the agent closed it before giving a job
+            break
         line += c
+    if not line.endswith(b"\n") or not fds:
+        sys.exit(0)  # the agent closed it before giving a job
     fd = channel.detach()  # the fd stays open: it is the job's control channel now
     go = wire.command(line)
     assert isinstance(go, wire.Become), go
-    enter(go, fd)
+    enter(go, fds[0], fd)
 
 
-def enter(go: wire.Become, control_fd: int | None = None) -> None:
-    """Become the job ``go`` names in this process (its log, environment, directory and
-    arguments) and run its script; ``control_fd``: its channel to the agent, if it has one."""
-    log = os.open(go.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+def enter(go: wire.Become, log: int, control_fd: int | None = None) -> None:
+    """Become the job ``go`` names in this process (its account, environment, directory and
+    arguments) and run its script, its output to the open file ``log``; ``control_fd``: its
+    channel to the agent, if it has one."""
     os.dup2(log, 1)  # from here on, errors go to the job's own log
     os.dup2(log, 2)
     os.close(log)
+    if go.uid is not None and go.gid is not None:  # before anything of the job's is read
+        from gandiva.node.accounts import Account, drop
+
+        drop(Account(go.uid, go.gid, tuple(go.groups)))
     os.environ.clear()
     os.environ.update(go.env)
     if control_fd is not None:

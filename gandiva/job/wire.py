@@ -70,12 +70,17 @@ class Fork:
 @dataclass(frozen=True)
 class Become:
     """(To a warm process, ``gandiva.job.warm``.) Become this job: run ``argv`` with ``env``
-    in ``cwd``, writing to ``log``. What follows on the channel is the job's."""
+    in ``cwd``, as ``uid`` (with ``gid`` and the supplementary ``groups``; None: as the
+    zygote), writing to the log file sent with this message (SCM_RIGHTS: the agent opened
+    it, the job never names a path the agent writes). What follows on the channel is the
+    job's."""
 
     argv: list[str]
     env: dict[str, str]
     cwd: str
-    log: str
+    uid: int | None = None
+    gid: int | None = None
+    groups: list[int] = field(default_factory=list)
     op: ClassVar[str] = "become"
 
 

@@ -47,8 +47,9 @@ from typing import Any
 
 from gandiva.backends.nodes import AgentEvent, Launch
 from gandiva.job import wire
+from gandiva.node import accounts, environment, torchrun
 from gandiva.node import devices as gpus
-from gandiva.node import environment, torchrun
+from gandiva.node.accounts import Account
 from gandiva.node.zygote import Forked, Zygote, warm_compatible
 
 MAX_RESTARTS = 3  # torchrun's --max-restarts: enough for a transient fault, not a crash loop
@@ -430,11 +431,15 @@ class Agent:
 
     def _spawn(self, job: _Job) -> None:
         job.heard = time.monotonic()
-        directory = self.job_dir(job.id)
-        directory.mkdir(parents=True, exist_ok=True)
+        account = job.launch.account
+        if account is not None and (why := accounts.problem(account)):
+            self._finish(job, f"cannot start: {why}")
+            return
+        directory = self._layout(job.id, account)
         if job.tmp is None:  # its own, made anew (0700, a name no one could take before it),
             # short: a socket's path, ``multiprocessing``'s under TMPDIR, fits in 107 bytes
             job.tmp = Path(tempfile.mkdtemp(prefix="gandiva-"))
+            accounts.chown(job.tmp, account, 0o700)
         _kill_leftovers(directory / "pids")
         if job.gang is None:
             job.store = _store()
@@ -470,6 +475,8 @@ class Agent:
             else:
                 for name in TORCHRUN_VARIABLES:  # not inherited from the agent's own
                     env.pop(name, None)
+            if account is not None:
+                env.update(HOME=account.home, USER=account.user, LOGNAME=account.user)
             if self.gpu:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_ids[d] for d in visible)
                 env["GANDIVA_DEVICE"] = f"cuda:{rank}"  # visible[rank] is its own
@@ -477,11 +484,11 @@ class Agent:
                     env["GANDIVA_CPU_BACKED"] = "1"
             else:
                 env["GANDIVA_DEVICE"] = f"cpu:{job.devices[rank]}"
-            log_path = directory / f"rank{job.first + rank}.log"  # logs go by global rank
-            with open(log_path, "ab") as log:
-                where = (f"GPU {self.gpu_ids[job.devices[rank]]}" if self.gpu
-                         else env["GANDIVA_DEVICE"])
-                log.write(f"--- gandiva: start on {where} "
+            # logs go by global rank; the agent's files, which a job gets open, never by name
+            log = _open_log(directory / f"rank{job.first + rank}.log")
+            where = (f"GPU {self.gpu_ids[job.devices[rank]]}" if self.gpu
+                     else env["GANDIVA_DEVICE"])
+            os.write(log, f"--- gandiva: start on {where} "
                           f"(attempt {job.restarts + 1}) ---\n".encode())
             cwd = str(Path(job.launch.cwd or directory).resolve())
             # (read after _warmable, which may replace a dead zygote)
@@ -490,28 +497,51 @@ class Agent:
             proc: subprocess.Popen[bytes] | Forked
             if warm is not None:
                 proc, ours = warm
-                ours.sendall(wire.encode(wire.Become(command[1:], env, cwd, str(log_path))))
+                become = wire.Become(command[1:], env, cwd)
+                if account is not None:
+                    become = wire.Become(command[1:], env, cwd, account.uid, account.gid,
+                                         list(account.groups))
+                _send_with(ours, wire.encode(become), log)
+                os.close(log)
             else:
                 ours, theirs = socket.socketpair()
                 env["GANDIVA_CONTROL_FD"] = str(theirs.fileno())
+                who: dict[str, Any] = {}
+                if account is not None and os.geteuid() == 0:
+                    who = {"user": account.uid, "group": account.gid,
+                           "extra_groups": list(account.groups)}
                 try:
-                    with open(log_path, "ab") as log:
-                        proc = subprocess.Popen(
-                            _cold(command, self.python), cwd=cwd, env=env, stdout=log,
-                            stderr=subprocess.STDOUT,
-                            pass_fds=(theirs.fileno(),), start_new_session=True)
+                    proc = subprocess.Popen(
+                        _cold(command, self.python), cwd=cwd, env=env, stdout=log,
+                        stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),),
+                        start_new_session=True, **who)
                 except OSError as err:
                     ours.close()
                     self._finish(job, f"cannot start {command[0]!r}: {err}")
                     return
                 finally:
                     theirs.close()
+                    os.close(log)
             ours.setblocking(False)
             r = _Rank(rank, proc, ours, visible)
             job.ranks.append(r)
             self._sel.register(ours, selectors.EVENT_READ, (job, r))
         _record_pids(directory / "pids", [r.proc.pid for r in job.ranks])
         self._wakeup_w.send(b"x")
+
+    def _layout(self, job_id: str, account: Account | None) -> Path:
+        """The job's directory: the agent's (its logs and pid file, which the job never
+        opens by name), with ``checkpoints`` in it the job's own. For a job of another
+        account, the directories above it let the account pass (0711), never list."""
+        directory = self.job_dir(job_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        checkpoints = self.checkpoint_dir(job_id)
+        checkpoints.mkdir(exist_ok=True)
+        accounts.chown(checkpoints, account, 0o700)
+        if account is not None and account.uid != os.geteuid():
+            for passed in (directory, directory.parent, self.workdir):
+                os.chmod(passed, 0o711)
+        return directory
 
     # ---- warm starts (see gandiva.job.warm) ---------------------------------------------
     def _warmable(self, job: _Job, command: list[str], env: dict[str, str]) -> bool:
@@ -819,8 +849,11 @@ class Agent:
         _remove_tmp(job)
 
     def _log(self, job: _Job, text: str) -> None:
-        with open(self.job_dir(job.id) / f"rank{job.first}.log", "ab") as f:
-            f.write(f"--- gandiva: {text} ---\n".encode())
+        fd = _open_log(self.job_dir(job.id) / f"rank{job.first}.log")
+        try:
+            os.write(fd, f"--- gandiva: {text} ---\n".encode())
+        finally:
+            os.close(fd)
 
     def read_log(self, job_id: str, rank: int = 0, offset: int = 0, size: int = -1) -> bytes:
         """One rank's log from byte ``offset``: all of the rest, or at most ``size`` bytes."""
@@ -841,6 +874,19 @@ class Agent:
         start = max(0, self.log_size(job_id, rank) - TAIL_READ_BYTES)
         data = self.read_log(job_id, rank, start, TAIL_READ_BYTES)
         return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+def _open_log(path: Path) -> int:
+    """Open a rank's log to append to (the agent's: a link put in its place is refused)."""
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                   0o600)
+
+
+def _send_with(sock: socket.socket, data: bytes, fd: int) -> None:
+    """Send ``data`` with ``fd`` (SCM_RIGHTS, on its first byte)."""
+    sent = socket.send_fds(sock, [data], [fd])
+    if sent < len(data):
+        sock.sendall(data[sent:])
 
 
 def _remove_tmp(job: _Job) -> None:
