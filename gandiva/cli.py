@@ -359,8 +359,13 @@ def server(
                                            **_env("LOG_JSON"))] = False,
     access_log: Annotated[bool, typer.Option(help="Log every request",
                                              **_env("ACCESS_LOG"))] = True,
+    shared_account: Annotated[bool, typer.Option(
+        help="Not root: run every user's jobs as this server's account, each able to reach "
+        "every other user's files (needed with more than one non-admin user)",
+        **_env("SHARED_ACCOUNT"))] = False,
 ) -> None:
-    """Run the scheduler as a service: the REST API over a persistent store."""
+    """Run the scheduler as a service: the REST API over a persistent store. As root, each
+    user's jobs run as that user's account (see the README's Confinement)."""
     import logging.config
     import signal
     import threading
@@ -386,6 +391,12 @@ def server(
     store = Store(db or str(home / "gandiva.db"))
     if backend not in ("local", "ray", "hollow"):
         raise fail(f"--backend {backend!r}: use local, ray or hollow")
+    from gandiva.server.tenancy import Tenancy
+
+    try:
+        tenancy = Tenancy.for_server(store, backend, shared_account)
+    except SystemExit as e:
+        raise fail(str(e)) from None
     nodes = None
     if backend == "hollow":
         from gandiva.backends.hollow import HollowNodes
@@ -406,9 +417,11 @@ def server(
     loop_backend = Driver(pol, home / "run", slots=slots, hang_s=hang_after,
                           checkpoint_every_s=checkpoint_every, nodes=nodes)
     service = Service(store, loop_backend, home,
-                      max_unfinished_per_user=max_unfinished_per_user)
-    again = service.resume_unfinished()
+                      max_unfinished_per_user=max_unfinished_per_user, tenancy=tenancy)
+    tenancy.settle(store, service.user_dir)
     log = logging.getLogger("gandiva.server")
+    log.info("tenancy: %s", tenancy.detail)
+    again = service.resume_unfinished()
     if again:
         log.info("taking up %d unfinished jobs from their last checkpoints", again)
     def schedule() -> None:
@@ -470,20 +483,41 @@ app.add_typer(user_app, name="user")
 def user_add(
     name: Annotated[str, typer.Argument(help="User name")],
     admin: Annotated[bool, typer.Option(help="May see and act on every job")] = False,
+    os_user: Annotated[str | None, typer.Option(
+        help="The OS account the user's jobs run as on a server run as root (default: a "
+        "uid of the user's own, with no account)")] = None,
     home: Annotated[Path, typer.Option(help="The server's work directory")] = DEFAULT_HOME,
     db: Annotated[str | None, typer.Option(help="Database URL or SQLite path")] = None,
 ) -> None:
     """Add a user and print their token (shown once: only its hash is stored)."""
+    from gandiva.node import accounts
     from gandiva.server.store import Store, StoreError
+    from gandiva.server.tenancy import prepare
 
     os.umask(0o077)  # the database it may create holds the tokens' hashes: the server's alone
+    if os_user is not None:
+        try:
+            accounts.named(os_user)
+        except KeyError:
+            err.print(f"warning: no OS account {os_user!r} on this machine: "
+                              f"{name}'s jobs are refused until it exists")
     home.mkdir(parents=True, exist_ok=True)
     store = Store(db or str(home / "gandiva.db"))
     try:
-        token = store.add_user(name, admin=admin)
+        token = store.add_user(name, admin=admin, os_user=os_user)
     except StoreError as e:
         raise fail(str(e)) from None
-    (home / "users" / name).mkdir(parents=True, exist_ok=True)
+    base = home / "users" / name
+    base.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:  # a root server runs the user's jobs as this account: theirs
+        who = next(p for p in store.principals() if p.name == name)
+        try:
+            account = (accounts.named(os_user) if os_user else
+                       accounts.dynamic(who.uid or 0, str(base)))
+        except KeyError:
+            account = None
+        if account is not None and account.uid > 0:
+            prepare(base, account)
     print(token)
 
 

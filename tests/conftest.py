@@ -1,4 +1,6 @@
 import os
+import stat
+import sys
 
 import pgcluster
 import pytest
@@ -86,3 +88,23 @@ def pytest_xdist_auto_num_workers(config) -> int:
     extra worker's tests fill those waits."""
     return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
             else os.cpu_count() or 1) + 1
+
+
+@pytest.fixture(scope="session", autouse=True)
+def passable(tmp_path_factory):
+    """Run as root, a server runs each user's jobs as that user's account: the interpreter,
+    this checkout and the tests' directories must be passable by any account. The
+    directories above them get search permission for others (o+x: pass, never list) where
+    they lack it: a Python under /root (pyenv's) is otherwise out of every job's reach."""
+    if os.geteuid() != 0:
+        return
+    from pathlib import Path
+
+    import gandiva
+
+    for place in (Path(sys.executable).resolve(), Path(gandiva.__file__).resolve(),
+                  tmp_path_factory.getbasetemp()):
+        for directory in [place, *place.parents]:
+            mode = directory.stat().st_mode
+            if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH:
+                directory.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)

@@ -227,6 +227,9 @@ class UserInfo(BaseModel):
     admin: bool
     created_at: float
     revoked_at: float | None
+    os_user: str | None = Field(None, description="The OS account the user's jobs run as "
+                                "(on a server run as root); none: their dynamic uid")
+    uid: int | None = Field(None, description="The user's dynamic uid")
 
 
 class NewToken(BaseModel):
@@ -537,8 +540,7 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
     @app.get("/v1/users", responses=ADMINS_ONLY)
     def users(who: Admin) -> list[UserInfo]:
         """Every user, with whether their token is revoked (admins)."""
-        return [UserInfo(name=u.name, admin=u.admin, created_at=u.created_at,
-                         revoked_at=u.revoked_at) for u in store.users()]
+        return [UserInfo(**vars(u)) for u in store.users()]
 
     @app.post("/v1/users/{name}/revoke", responses={**NOT_FOUND, **ADMINS_ONLY})
     def revoke(name: str, who: Admin) -> UserInfo:
@@ -586,7 +588,8 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
             warnings.append(f"checkpoints: {refused} refused by a disk (full?) in the last "
                             f"{DISK_WARN_S:g} s; their jobs train on from older checkpoints")
         return JSONResponse({"status": "not ready" if problems else "ok",
-                             "problems": problems, "warnings": warnings},
+                             "problems": problems, "warnings": warnings,
+                             "tenancy": service.tenancy.detail},
                             status_code=503 if problems else 200)
 
     @app.get("/metrics", include_in_schema=False)

@@ -34,6 +34,7 @@ from gandiva.server.submissions import (
     to_scheduler,
 )
 from gandiva.server.sweeps import Sweeps
+from gandiva.server.tenancy import Tenancy
 from gandiva.server.views import JobView, Views
 from gandiva.spec import TERMINAL, JobState
 from gandiva.sweep.spec import SweepSpec
@@ -76,8 +77,10 @@ class LoopTrials:
 
 class Service:
     def __init__(self, store: Store, backend: Driver, base_dir: Path,
-                 max_unfinished_per_user: int = MAX_UNFINISHED_PER_USER) -> None:
+                 max_unfinished_per_user: int = MAX_UNFINISHED_PER_USER,
+                 tenancy: Tenancy | None = None) -> None:
         self.store = store
+        self.tenancy = tenancy or Tenancy.shared()
         self.backend = backend
         self.base_dir = base_dir
         self.max_unfinished_per_user = max_unfinished_per_user
@@ -87,7 +90,7 @@ class Service:
         self.journal = Journal(self.writer)
         self.confinement = Confinement(base_dir)
         self.submissions = Submissions(store, self.confinement, lambda: len(backend.devices),
-                                       backend.has, max_unfinished_per_user)
+                                       backend.has, max_unfinished_per_user, self.tenancy)
         self.views = Views(backend)
         self.sweeps = Sweeps(LoopTrials(self.journal, backend))
         backend.on_change = self._changed
@@ -136,7 +139,7 @@ class Service:
 
     def _queue(self, job: Accepted, held: bool = False) -> None:
         self.views.own(job.row.id, job.owner.id, job.row.name)
-        self.backend.submit(*to_scheduler(job.row.id, job.request, job.cwd),
+        self.backend.submit(*to_scheduler(job.row.id, job.request, job.cwd, job.account),
                             time_limit=job.request.time_limit, held=held)
 
     # ---- what users ask of a job ------------------------------------------------------------

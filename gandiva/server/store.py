@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
 import socket
 import threading
@@ -51,6 +52,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from gandiva.node.accounts import DYNAMIC_UIDS
 from gandiva.server.jobspec import JobRequest, check_name
 from gandiva.spec import TERMINAL, JobState
 
@@ -97,6 +99,11 @@ class User(Base):
     admin: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    os_user: Mapped[str | None] = mapped_column(String(32), nullable=True)  # its jobs' account
+    uid: Mapped[int | None] = mapped_column(Integer, nullable=True, unique=True)  # else this
+
+    def principal(self) -> Principal:
+        return Principal(self.id, self.name, self.admin, self.os_user, self.uid)
 
 
 class JobRow(Base):
@@ -172,6 +179,8 @@ class Principal:
     id: int
     name: str
     admin: bool
+    os_user: str | None = None  # the OS account its jobs run as, where the server maps users
+    uid: int | None = None  # else its dynamic uid (``gandiva.node.accounts``)
 
 
 class StoreError(ValueError):
@@ -188,6 +197,8 @@ class UserView:
     admin: bool
     created_at: float
     revoked_at: float | None
+    os_user: str | None = None
+    uid: int | None = None
 
 
 @dataclass
@@ -314,18 +325,30 @@ class Store:
             command.upgrade(cfg, "head")
 
     # ---- users --------------------------------------------------------------------------
-    def add_user(self, name: str, admin: bool = False) -> str:
+    def add_user(self, name: str, admin: bool = False, os_user: str | None = None) -> str:
         """Create ``name`` and return its token (shown once: only its hash is kept). The
-        name is a directory's (``users/<name>``): it is checked as a job's name is."""
+        name is a directory's (``users/<name>``): it is checked as a job's name is.
+        ``os_user``: the OS account its jobs run as (on a root server); else they run as the
+        user's dynamic uid, given here for good."""
         try:
             check_name(name)
         except ValueError as e:
             raise StoreError(f"user name {name!r}: {e}") from None
+        if os_user is not None and not re.fullmatch(r"[a-z_][a-z0-9_.-]{0,31}", os_user):
+            raise StoreError(f"OS account {os_user!r}: not an account name (lower-case "
+                             "letters, digits, _ . -; at most 32)")
         token = secrets.token_urlsafe(32)
         with Session(self.engine) as s, s.begin():
             if s.scalar(select(User).where(User.name == name)) is not None:
                 raise StoreError(f"user {name!r} exists already")
-            s.add(User(name=name, token_hash=_hash(token), admin=admin, created_at=time.time()))
+            user = User(name=name, token_hash=_hash(token), admin=admin,
+                        created_at=time.time(), os_user=os_user)
+            s.add(user)
+            s.flush()  # its id
+            if user.id > len(DYNAMIC_UIDS):
+                raise StoreError(f"no dynamic uid left for user {name!r}: users beyond "
+                                 f"{len(DYNAMIC_UIDS)} need an OS account (--os-user)")
+            user.uid = DYNAMIC_UIDS[user.id - 1]
         return token
 
     def principal(self, token: str) -> Principal | None:
@@ -337,7 +360,7 @@ class Store:
                                                    User.revoked_at.is_(None)))
                 if user is None:
                     return None
-                who = Principal(user.id, user.name, user.admin)
+                who = user.principal()
             with self._cache_lock:
                 if self._revocations == revocations:
                     self._principals[user.token_hash] = (who, time.monotonic())
@@ -350,9 +373,15 @@ class Store:
             return None
         return seen[0]
 
+    def principals(self) -> list[Principal]:
+        """Every user whose token works."""
+        with Session(self.engine) as s:
+            return [u.principal() for u in s.scalars(select(User).where(
+                User.revoked_at.is_(None)).order_by(User.id))]
+
     def users(self) -> list[UserView]:
         with Session(self.engine) as s:
-            return [UserView(u.name, u.admin, u.created_at, u.revoked_at)
+            return [UserView(u.name, u.admin, u.created_at, u.revoked_at, u.os_user, u.uid)
                     for u in s.scalars(select(User).order_by(User.name))]
 
     def _forget(self, user_id: int) -> None:
@@ -555,7 +584,7 @@ class Store:
             if job is None:
                 raise StoreError(f"no job {job_id!r}")
             user = s.get(User, job.user_id)
-            return Principal(user.id, user.name, user.admin)
+            return user.principal()
 
     def jobs(self, who: Principal, states: tuple[str, ...] = (), limit: int = 1000,
              after: str | None = None, user: str | None = None,

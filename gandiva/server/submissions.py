@@ -16,17 +16,20 @@ from pathlib import Path
 
 from fastapi import HTTPException
 
+from gandiva.node.accounts import Account
 from gandiva.node.agent import Launch
 from gandiva.server.confinement import Confinement, unprocessable
 from gandiva.server.jobspec import JobRequest
 from gandiva.server.store import JobRow, Principal, Store, SweepRow
+from gandiva.server.tenancy import Tenancy
 from gandiva.spec import TERMINAL, JobSpec, JobState
 from gandiva.sweep.spec import SweepSpec
 
 MAX_UNFINISHED_PER_USER = 10_000  # a user's jobs not yet done, failed or cancelled
 
 
-def to_scheduler(job_id: str, req: JobRequest, cwd: Path) -> tuple[JobSpec, Launch]:
+def to_scheduler(job_id: str, req: JobRequest, cwd: Path, account: Account | None = None
+                 ) -> tuple[JobSpec, Launch]:
     """The scheduler's view (JobSpec) and the agent's (Launch) of a request.
 
     Decision: ``python``/``python3`` as the program means the server's own interpreter, so a
@@ -38,7 +41,7 @@ def to_scheduler(job_id: str, req: JobRequest, cwd: Path) -> tuple[JobSpec, Laun
     spec = JobSpec(job_id, 0.0, req.gpus, req.model, priority=req.priority,
                    min_gpus=req.elastic.min if req.elastic else None,
                    max_gpus=req.elastic.max if req.elastic else None)
-    return spec, Launch(command, cwd=cwd, env=dict(req.env))
+    return spec, Launch(command, cwd=cwd, env=dict(req.env), account=account)
 
 
 class Quotas:
@@ -89,6 +92,7 @@ class Accepted:
     request: JobRequest
     cwd: Path
     owner: Principal
+    account: Account | None = None  # who it runs as (None: as the server)
 
 
 class Submissions:
@@ -96,9 +100,11 @@ class Submissions:
 
     def __init__(self, store: Store, confinement: Confinement, devices: Callable[[], int],
                  queued: Callable[[str], bool],
-                 max_unfinished_per_user: int = MAX_UNFINISHED_PER_USER) -> None:
+                 max_unfinished_per_user: int = MAX_UNFINISHED_PER_USER,
+                 tenancy: Tenancy | None = None) -> None:
         self.store = store
         self.confinement = confinement
+        self.tenancy = tenancy or Tenancy.shared()
         self.devices = devices
         self.queued = queued
         self.quotas = Quotas(max_unfinished_per_user)
@@ -116,7 +122,9 @@ class Submissions:
                 if earlier.state in TERMINAL or self.queued(earlier.id):
                     return earlier, None
                 self.quotas.count(earlier.id, who.id)
-                return earlier, Accepted(earlier, req, self.confinement.workdir(who, req), who)
+                return earlier, Accepted(earlier, req, self.confinement.workdir(who, req), who,
+                                         self._account(who))
+        account = self._account(who)
         cwd = self.confinement.workdir(who, req)
         if req.gpus > self.devices():
             raise unprocessable("gpus", f"{req.gpus} GPUs asked; this cluster has "
@@ -131,7 +139,7 @@ class Submissions:
             self.quotas.settle(who.id, 1, [row.id] if row is not None and row.created else [])
         if not row.created:  # a concurrent retry stored it first
             return same(row, req), None
-        return row, Accepted(row, req, cwd, who)
+        return row, Accepted(row, req, cwd, who, account)
 
     def sweep(self, who: Principal, spec: SweepSpec) -> tuple[SweepRow, list[Accepted]]:
         """Store a sweep and its trials (one transaction): each is checked as a job
@@ -140,6 +148,7 @@ class Submissions:
         sweep_id = f"{spec.name[:31]}-{uuid.uuid4().hex[:8]}"
         params = spec.draw()
         requests = [spec.trial_request(i, p, sweep_id) for i, p in enumerate(params)]
+        account = self._account(who)
         cwds = [self.confinement.workdir(who, r) for r in requests]
         if spec.gpus > self.devices():
             raise unprocessable("gpus", f"{spec.gpus} GPUs asked for each trial; this "
@@ -155,7 +164,7 @@ class Submissions:
                                                list(zip(params, requests, strict=True)))
         finally:
             self.quotas.settle(who.id, n, [row.id for row in rows])
-        return sweep, [Accepted(row, request, cwd, who)
+        return sweep, [Accepted(row, request, cwd, who, account)
                        for row, request, cwd in zip(rows, requests, cwds, strict=True)]
 
     def unfinished(self) -> list[tuple[Accepted, bool]]:
@@ -167,9 +176,14 @@ class Submissions:
                 update={"priority": row.priority})
             owner = self.store.owner(row.id)
             self.quotas.count(row.id, owner.id)
-            out.append((Accepted(row, req, self.confinement.user_dir(owner) / req.workdir,
-                                 owner), row.state == JobState.HELD))
+            base = self.confinement.user_dir(owner)
+            account = self.tenancy.account(owner, base, check=False)  # (refused on the node)
+            out.append((Accepted(row, req, base / req.workdir, owner, account),
+                        row.state == JobState.HELD))
         return out
+
+    def _account(self, who: Principal) -> Account | None:
+        return self.tenancy.account(who, self.confinement.user_dir(who))
 
 
 def same(earlier: JobRow, req: JobRequest) -> JobRow:

@@ -1,0 +1,147 @@
+"""Who each user's jobs run as, on a server that runs them on its own machine.
+
+Two modes, chosen by who runs the server (``Tenancy.for_server``):
+- **root**: every job runs as its user's account: the OS account the user is mapped to
+  (``gandiva user add NAME --os-user ACCOUNT``), else the user's dynamic uid (stored with
+  the user; see ``gandiva.node.accounts``). Never as root. A user's base directory is that
+  account's (0700), under parents others may pass but not list (0711).
+- **shared account**: the server is not root (or its jobs run on Ray nodes it does not
+  start as root): every job runs as the server's own account, so every user's job can
+  reach every other user's files and the server's state. With more than one non-admin
+  user that must be said explicitly: ``--shared-account``, or the server refuses to start.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from gandiva.node import accounts, environment
+from gandiva.node.accounts import Account
+from gandiva.server.confinement import unprocessable
+from gandiva.server.store import Principal, Store
+
+ROOT = "root"
+SHARED = "shared account"
+PROBE_S = 30.0  # the interpreter's first start as an account (a cold disk cache)
+
+
+class Tenancy:
+    """``mode``: ``ROOT`` or ``SHARED``; ``why``: what chose it, for the log and /readyz."""
+
+    def __init__(self, mode: str, why: str, python: str = sys.executable) -> None:
+        self.mode, self.why, self.python = mode, why, python
+        self._runs: set[int] = set()  # the uids seen to run the interpreter
+        self._lock = threading.Lock()
+
+    @classmethod
+    def shared(cls, why: str = "jobs run as the server's account") -> Tenancy:
+        return cls(SHARED, why)
+
+    @classmethod
+    def for_server(cls, store: Store, backend: str, shared_account: bool) -> Tenancy:
+        """The mode of a ``gandiva server``; ``SystemExit``'s message where a non-root
+        server has several non-admin users and was not told ``--shared-account``."""
+        me = _name(os.geteuid())
+        if os.geteuid() == 0 and backend == "local":
+            return cls(ROOT, "the server runs as root: every job runs as its user's account")
+        if os.geteuid() == 0:
+            why = (f"the {backend} backend: every job runs as the account of the process that "
+                   "starts it, and every user can reach every other user's files")
+        else:
+            why = (f"the server runs as {me!r}, not root: every job runs as {me!r}, and every "
+                   "user can reach every other user's files and the server's state")
+        others = [u.name for u in store.users() if not u.admin and u.revoked_at is None]
+        if len(others) > 1 and not shared_account and backend == "local":
+            raise SystemExit(
+                f"{len(others)} non-admin users ({', '.join(others[:5])}) and {why}. Start "
+                "the server as root (each user's jobs then run as that user's account), or "
+                "say that this is meant with --shared-account")
+        return cls(SHARED, why)
+
+    @property
+    def detail(self) -> str:
+        return f"{self.mode}: {self.why}"
+
+    def account(self, who: Principal, base: Path, check: bool = True) -> Account | None:
+        """Who ``who``'s jobs run as (None: as the server); with ``check``, a 422 naming what
+        is wrong where this machine cannot run one (a mapped account missing, the
+        interpreter out of the account's reach)."""
+        if self.mode != ROOT:
+            return None
+        if who.os_user is not None:
+            try:
+                account = accounts.named(who.os_user)
+            except KeyError:
+                if not check:
+                    return Account(-1, -1, name=who.os_user)  # refused on the node, named
+                raise unprocessable("os_user", f"your OS account {who.os_user!r} does not exist "
+                                    "on this machine: ask an admin to create it, or to map "
+                                    "you to another (gandiva user add --os-user)") from None
+            if account.uid == 0:
+                raise unprocessable("os_user", f"your OS account {who.os_user!r} is root: "
+                                    "gandiva runs no job as root; map the user to another")
+        else:
+            assert who.uid is not None, who
+            account = accounts.dynamic(who.uid, str(base))
+        if check:
+            why = accounts.problem(account) or self._cannot_run(account)
+            if why:
+                raise unprocessable("os_user", f"your jobs cannot run here: {why}")
+            prepare(base, account)
+        return account
+
+    def settle(self, store: Store, base_of: Callable[[Principal], Path]) -> None:
+        """(At start, in root mode.) Every user's base directory made their account's, so
+        that they can put their files there before their first job."""
+        if self.mode != ROOT:
+            return
+        for who in store.principals():
+            account = self.account(who, base_of(who), check=False)
+            if account is not None and account.uid > 0:
+                prepare(base_of(who), account)
+
+    def _cannot_run(self, account: Account) -> str | None:
+        """Why ``account`` cannot start the server's interpreter and import the job library
+        (a virtual environment under a home only its owner may enter), else None; asked by
+        starting it, until it could once."""
+        with self._lock:
+            if account.uid in self._runs:
+                return None
+        try:
+            probe = subprocess.run(
+                [self.python, "-c", "import gandiva.job.wire"], cwd="/",
+                env=environment.for_jobs(), capture_output=True, text=True, timeout=PROBE_S,
+                user=account.uid, group=account.gid, extra_groups=list(account.groups))
+            said = (probe.stderr.strip().splitlines() or [""])[-1]
+            failed = probe.returncode != 0
+        except (OSError, subprocess.TimeoutExpired) as e:
+            said, failed = str(e), True
+        if failed:
+            return (f"the {account} cannot run {self.python} with the job library ({said}): "
+                    "install gandiva where every account may read it (e.g. a virtual "
+                    "environment under /opt)")
+        with self._lock:
+            self._runs.add(account.uid)
+        return None
+
+
+def prepare(base: Path, account: Account) -> None:
+    """``base`` (a user's base directory) made the account's own; its parents passable."""
+    base.mkdir(parents=True, exist_ok=True)
+    os.chown(base, account.uid, account.gid, follow_symlinks=False)
+    os.chmod(base, 0o700)
+    for parent in (base.parent, base.parent.parent):  # users/, and the server's home
+        os.chmod(parent, os.stat(parent).st_mode & 0o7777 | 0o711)
+
+
+def _name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
