@@ -1,6 +1,6 @@
 import os
-import stat
 import sys
+from pathlib import Path
 
 import pgcluster
 import pytest
@@ -91,20 +91,52 @@ def pytest_xdist_auto_num_workers(config) -> int:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def passable(tmp_path_factory):
-    """Run as root, a server runs each user's jobs as that user's account: the interpreter,
-    this checkout and the tests' directories must be passable by any account. The
-    directories above them get search permission for others (o+x: pass, never list) where
-    they lack it: a Python under /root (pyenv's) is otherwise out of every job's reach."""
-    if os.geteuid() != 0:
-        return
-    from pathlib import Path
+def passable_to_jobs():
+    """Run as root, a server runs each user's jobs as that user's account: the interpreter
+    and this checkout must be within any account's reach. The directories above them get
+    search permission for others (o+x: pass, never list) where they lack it: a Python
+    under /root (pyenv's) is otherwise out of every job's reach. (``serving.running`` does
+    the same for a server's directory.)"""
+    from serving import passable
 
     import gandiva
 
-    for place in (Path(sys.executable).resolve(), Path(gandiva.__file__).resolve(),
-                  tmp_path_factory.getbasetemp()):
-        for directory in [place, *place.parents]:
-            mode = directory.stat().st_mode
-            if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH:
-                directory.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+    for place in (Path(sys.executable).resolve(), Path(gandiva.__file__).resolve()):
+        passable(place)
+
+
+def needs_root(why: str) -> None:
+    """Skip a test that only root can run; under ``GANDIVA_REQUIRE_ROOT_TESTS`` (which
+    ``.ci/run`` sets as root) fail it instead: there it must run."""
+    if os.environ.get("GANDIVA_REQUIRE_ROOT_TESTS"):
+        pytest.fail(f"GANDIVA_REQUIRE_ROOT_TESTS is set, and {why}")
+    pytest.skip(why)
+
+
+@pytest.fixture
+def root() -> None:
+    """The test runs as root (a root server, OS accounts)."""
+    if os.geteuid() != 0:
+        needs_root("the test needs root")
+
+
+@pytest.fixture
+def os_accounts(root):
+    """``make(role)``: a fresh OS account (and its group) for this test, removed after it."""
+    import shutil
+    import subprocess
+
+    if shutil.which("useradd") is None:
+        needs_root("useradd is missing")
+    made: list[str] = []
+
+    def make(role: str) -> str:
+        name = f"gdv{role[:8]}{os.getpid() % 100000}"
+        subprocess.run(["useradd", "--no-create-home", "--user-group", "--shell",
+                        "/usr/sbin/nologin", name], check=True, capture_output=True)
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        subprocess.run(["userdel", name], capture_output=True)

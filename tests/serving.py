@@ -48,24 +48,29 @@ class Server:
         return self.home / "users" / user
 
 
-def add_user(home: Path, name: str, admin: bool = False, db: str | None = None) -> str:
+def add_user(home: Path, name: str, admin: bool = False, db: str | None = None,
+             os_user: str | None = None) -> str:
     """`gandiva user add NAME`: the token it prints."""
     return subprocess.run([*GANDIVA, "user", "add", name, "--home", str(home),
-                           *(["--admin"] if admin else []), *(["--db", db] if db else [])],
+                           *(["--admin"] if admin else []), *(["--db", db] if db else []),
+                           *(["--os-user", os_user] if os_user else [])],
                           check=True, capture_output=True, text=True).stdout.strip()
 
 
 @contextmanager
 def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str | None = None,
             slots: int = 2, db: str | None = None, args: tuple[str, ...] = (),
-            up_s: float = 60, env: dict[str, str] | None = None) -> Iterator[Server]:
+            up_s: float = 60, env: dict[str, str] | None = None,
+            os_users: dict[str, str] | None = None) -> Iterator[Server]:
     """Users added, then `gandiva server` up (its /v1/whoami answers) and warm (``warm``);
     SIGTERM at the end, SIGKILL if it does not stop. ``policy``: a policy spec (default:
     the server's default policy); ``db``: a database URL (default: SQLite in ``home``);
-    ``args``: more of the server's options; ``env``: more of its environment."""
+    ``args``: more of the server's options; ``env``: more of its environment;
+    ``os_users``: the OS account of a user, by name (``--os-user``)."""
     import httpx2
 
-    tokens = {u: add_user(home, u, db=db) for u in users}
+    passable(home)
+    tokens = {u: add_user(home, u, db=db, os_user=(os_users or {}).get(u)) for u in users}
     log = home / "server.log"
     with log.open("w") as out:  # port 0: the server binds a free one itself (no race)
         proc = subprocess.Popen([*GANDIVA, "server", "--home", str(home), "--port", "0",
@@ -93,6 +98,21 @@ def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str | None 
         yield srv
     finally:
         stop(proc)
+
+
+def passable(path: Path) -> None:
+    """As root, give the directories above ``path`` search permission for others (o+x:
+    pass, never list) where they lack it: a root server's jobs, run as their users'
+    accounts, must reach their directories under it (pytest's own are 0700)."""
+    import stat
+
+    if os.geteuid() != 0:
+        return
+    path = path.resolve()
+    for directory in path.parents:
+        mode = directory.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            directory.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
 
 
 def listening(log: Path, proc: subprocess.Popen, timeout: float = 60) -> str:

@@ -1,10 +1,12 @@
-"""What one user's job can reach of the server and of other users. This far: nothing of the
-server's environment reaches a job, warm-forked or cold (the zygote starts with an
-allow-listed environment, not the server's), each job has a TMPDIR of its own (removed
-when it ends), and the server's
-state is its account's alone (umask 077). Jobs still run as the server's OS account: the
-per-user accounts of issue 53 are to come."""
+"""What one user's job can reach of the server and of other users: nothing of the server's
+environment reaches a job, warm-forked or cold (the zygote starts with an allow-listed
+environment, not the server's); each job has a TMPDIR of its own (removed when it ends); the
+server's state is its account's alone (umask 077). On a root server each job runs as its
+user's account (a mapped OS account, else a dynamic uid of the user's), and reaches nothing
+of another user's, of the server's or of the agent's."""
 
+import json
+import os
 import stat
 import tempfile
 from pathlib import Path
@@ -15,16 +17,20 @@ pytest.importorskip("torch")
 from serving import running  # noqa: E402
 from waiting import until  # noqa: E402
 
+from gandiva.node.accounts import DYNAMIC_UIDS  # noqa: E402
+
 SECRET = "hunter2-not-for-jobs"
 # a job that writes down all it can see of environments: its own, as Python and as the
-# kernel hold it, and (PARENT set) its parent's: a warm job's parent is the zygote. (A cold
-# job's is the server, which a job of the server's own OS account can read until jobs run
-# as their users' accounts.)
+# kernel hold it, and its parent's: a warm job's parent is the zygote, a cold job's the
+# server (which a job of another account than the parent's may not read at all)
 SPY = """\
 import os, tempfile
 seen = [repr(dict(os.environ))]
-for who, pid in (("self", "self"), ("parent", os.getppid()))[:2 if "PARENT" in os.environ else 1]:
-    seen.append(f"environ of {who}: " + open(f"/proc/{pid}/environ", "rb").read().decode())
+for who, pid in (("self", "self"), ("parent", os.getppid())):
+    try:
+        seen.append(f"environ of {who}: " + open(f"/proc/{pid}/environ", "rb").read().decode())
+    except PermissionError:
+        seen.append(f"environ of {who}: refused")
 print("TMPDIR", tempfile.gettempdir(), oct(os.stat(tempfile.gettempdir()).st_mode & 0o777))
 print("\\n".join(seen))
 """
@@ -42,7 +48,7 @@ def test_nothing_of_the_servers_environment_reaches_a_warm_or_a_cold_job(tmp_pat
         with httpx2.Client(base_url=srv.url, timeout=10,
                            headers={"Authorization": f"Bearer {srv.tokens['alice']}"}) as http:
             # PYTHONHASHSEED acts at start-up: the same script starts cold
-            for name, extra in (("warm", {"PARENT": "1"}), ("cold", {"PYTHONHASHSEED": "0"})):
+            for name, extra in (("warm", {}), ("cold", {"PYTHONHASHSEED": "0"})):
                 ids[name] = http.post("/v1/jobs", json={
                     "name": name, "command": ["python", "spy.py"],
                     "env": {"MINE": "kept", **extra}}).raise_for_status().json()["id"]
@@ -68,7 +74,161 @@ def test_nothing_of_the_servers_environment_reaches_a_warm_or_a_cold_job(tmp_pat
     assert len(tmpdirs) == 2  # each its own
     # the server's state: its account's alone
     assert stat.S_IMODE((home / "gandiva.db").stat().st_mode) == 0o600
-    for job_id in ids.values():
+    for job_id in ids.values():  # (a root server's jobs may pass through theirs)
         job_dir = home / "run" / "jobs" / job_id
-        assert stat.S_IMODE(job_dir.stat().st_mode) == 0o700
+        assert stat.S_IMODE(job_dir.stat().st_mode) == (0o711 if os.geteuid() == 0 else 0o700)
         assert stat.S_IMODE((job_dir / "rank0.log").stat().st_mode) == 0o600
+
+
+# ---- a root server: every job runs as its user's account ------------------------------------
+# A job of the library that trains until its user's base directory has a file "stop": it
+# keeps a private file there and a checkpoint of its own, and reports its pid and ids
+KEEPER = """\
+import json, os, time
+import torch
+import gandiva.job as gj
+
+open("private.txt", "w").write("alice's own")
+print("KEEPER", json.dumps({"pid": os.getpid(), "uid": os.getuid()}), flush=True)
+job = gj.init()
+job.register(model=torch.nn.Linear(2, 2))
+for step in job.steps(1_000_000):
+    if os.path.exists("stop"):
+        job.save()
+        break
+    time.sleep(0.01)
+"""
+# What another user's job tries: each attempt's outcome ("reached" or the error it met), and
+# what the kernel says of the job itself
+SPY_ON = """\
+import json, os
+aim = json.loads(os.environ["AIM"])
+own = aim["jobs"] + "/" + os.environ["GANDIVA_JOB_ID"]  # its own job's directory, the agent's
+tries = {
+    "read their file": lambda: open(aim["base"] + "/private.txt").read(),
+    "list their base": lambda: os.listdir(aim["base"]),
+    "write in their base": lambda: open(aim["base"] + "/planted.txt", "w").write("x"),
+    "list their job's directory": lambda: os.listdir(aim["job_dir"]),
+    "read their job's log": lambda: open(aim["job_dir"] + "/rank0.log").read(),
+    "list their checkpoints": lambda: os.listdir(aim["job_dir"] + "/checkpoints"),
+    "read the database": lambda: open(aim["db"], "rb").read(1),
+    "write the database": lambda: open(aim["db"], "ab"),
+    "read the server's environment": lambda: open(f"/proc/{aim['server']}/environ").read(),
+    "signal the server": lambda: os.kill(aim["server"], 0),  # (0: asks only whether it may)
+    "signal their job": lambda: os.kill(aim["pid"], 0),
+    "open their job's channel": lambda: os.listdir(f"/proc/{aim['pid']}/fd"),
+    "replace its own log": lambda: os.symlink("/etc/shadow", own + "/rank9.log"),
+    "replace its own pid file": lambda: os.replace(own + "/pids", own + "/pids.old"),
+}
+seen = {}
+for name, attempt in tries.items():
+    try:
+        attempt()
+        seen[name] = "reached"
+    except OSError as e:
+        seen[name] = type(e).__name__
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+seen["status"] = {k: status[k].split() for k in ("Uid", "Gid", "Groups", "CapPrm", "CapEff")}
+seen["secret in environment"] = any(aim["secret"] in v for k, v in os.environ.items()
+                                    if k != "AIM")  # (where the test told it the secret)
+print("SPY", json.dumps(seen), flush=True)
+"""
+REFUSED = ("PermissionError",)
+
+
+SELF = """\
+import json, os
+open("mine.txt", "w").write("mine")
+try:
+    open(os.environ["OTHERS"]).read()
+    reached = True
+except OSError:
+    reached = False
+print("SELF", json.dumps({"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(),
+                          "reached": reached}), flush=True)
+"""
+
+
+def test_a_root_server_runs_each_job_as_its_users_account_and_nothing_else_is_reached(
+        tmp_path, os_accounts):
+    """alice and bob are mapped to OS accounts, carol and dave have none (dynamic uids)."""
+    import pwd
+
+    import httpx2
+
+    ada, bob = os_accounts("ada"), os_accounts("bob")
+    home = tmp_path / "home"
+    with running(home, users=("alice", "bob", "carol", "dave"), slots=3,
+                 os_users={"alice": ada, "bob": bob},
+                 env={"GANDIVA_DB_PASSWORD": SECRET}) as srv:
+        def client(user):
+            return httpx2.Client(base_url=srv.url, timeout=10,
+                                 headers={"Authorization": f"Bearer {srv.tokens[user]}"})
+
+        (srv.user_dir("alice") / "keeper.py").write_text(KEEPER)
+        (srv.user_dir("bob") / "spy.py").write_text(SPY_ON)
+        with client("alice") as alice:
+            kept = alice.post("/v1/jobs", json={"name": "keeper", "command": [
+                "python", "keeper.py"]}).raise_for_status().json()["id"]
+            log = until(lambda: (text := alice.get(f"/v1/jobs/{kept}/logs").text)
+                        and "KEEPER" in text and text, 120, "alice's job to run")
+        keeper = json.loads(log.split("KEEPER ", 1)[1].splitlines()[0])
+        jobs = {}  # (user, what) -> job id
+        with client("bob") as http:
+            for how, env in (("warm", {}), ("cold", {"PYTHONHASHSEED": "0"})):
+                jobs["bob", how] = http.post("/v1/jobs", json={
+                    "name": f"spy-{how}", "command": ["python", "spy.py"], "env": {**env,
+                    "AIM": json.dumps({
+                        "base": str(srv.user_dir("alice")), "pid": keeper["pid"],
+                        "job_dir": str(home / "run" / "jobs" / kept),
+                        "jobs": str(home / "run" / "jobs"),
+                        "db": str(home / "gandiva.db"), "server": srv.proc.pid,
+                        "secret": SECRET})}}).raise_for_status().json()["id"]
+        for user, other in (("carol", "dave"), ("dave", "carol")):
+            (srv.user_dir(user) / "self.py").write_text(SELF)
+            with client(user) as http:
+                jobs[user, "self"] = http.post("/v1/jobs", json={  # (not an argument: a
+                    "name": "self", "command": ["python", "self.py"],  # path outside)
+                    "env": {"OTHERS": str(srv.user_dir(other) / "mine.txt")}}
+                ).raise_for_status().json()["id"]
+        logs = {}
+        for (user, what), job_id in jobs.items():
+            with client(user) as http:
+                until(lambda job_id=job_id: http.get(f"/v1/jobs/{job_id}").json()["state"]
+                      in ("done", "failed"), 120, f"{job_id} to end")
+                logs[user, what] = http.get(f"/v1/jobs/{job_id}/logs").text
+        (srv.user_dir("alice") / "stop").touch()
+        with client("alice") as alice:
+            until(lambda: alice.get(f"/v1/jobs/{kept}").json()["state"] in ("done", "failed"),
+                  120, "alice's job to end")
+            assert alice.get(f"/v1/jobs/{kept}").json()["state"] == "done"
+    bob_entry = pwd.getpwnam(bob)
+    for how in ("warm", "cold"):
+        log = logs["bob", how]
+        assert "SPY " in log, (how, log)
+        spied = json.loads(log.split("SPY ", 1)[1].splitlines()[0])
+        status = spied.pop("status")
+        assert spied.pop("secret in environment") is False, how
+        reached = {name: outcome for name, outcome in spied.items() if outcome not in REFUSED}
+        assert not reached, (how, reached)
+        assert status["Uid"] == [str(bob_entry.pw_uid)] * 4, (how, status)
+        assert status["Gid"] == [str(bob_entry.pw_gid)] * 4, (how, status)
+        assert status["Groups"] == [str(g) for g in os.getgrouplist(bob, bob_entry.pw_gid)]
+        assert status["CapPrm"] == status["CapEff"] == ["0000000000000000"], (how, status)
+    ada_uid = pwd.getpwnam(ada).pw_uid
+    assert keeper["uid"] == ada_uid
+    assert (srv.user_dir("alice") / "private.txt").stat().st_uid == ada_uid
+    assert not (srv.user_dir("alice") / "planted.txt").exists()
+    checkpoints = home / "run" / "jobs" / kept / "checkpoints"
+    assert {p.stat().st_uid for p in checkpoints.iterdir()} == {ada_uid}
+    assert (home / "run" / "jobs" / kept / "rank0.log").stat().st_uid == 0  # the agent's
+    # carol and dave: each a dynamic uid of their own (not root, not the server's, no
+    # groups), and neither read the other's file, whichever wrote first
+    said = {user: json.loads(logs[user, "self"].split("SELF ", 1)[1].splitlines()[0])
+            for user in ("carol", "dave")}
+    assert said["carol"]["uid"] != said["dave"]["uid"], said
+    for user, it in said.items():
+        assert it["uid"] in DYNAMIC_UIDS and it["gid"] == it["uid"], said
+        assert it["groups"] == [] and not it["reached"], said
+        assert (srv.user_dir(user) / "mine.txt").stat().st_uid == it["uid"]
+        assert stat.S_IMODE(srv.user_dir(user).stat().st_mode) == 0o700

@@ -90,7 +90,7 @@ class Tenancy:
             assert who.uid is not None, who
             account = accounts.dynamic(who.uid, str(base))
         if check:
-            why = accounts.problem(account) or self._cannot_run(account)
+            why = accounts.problem(account) or self._cannot_run(account, base)
             if why:
                 raise unprocessable("os_user", f"your jobs cannot run here: {why}")
             prepare(base, account)
@@ -106,16 +106,16 @@ class Tenancy:
             if account is not None and account.uid > 0:
                 prepare(base_of(who), account)
 
-    def _cannot_run(self, account: Account) -> str | None:
-        """Why ``account`` cannot start the server's interpreter and import the job library
-        (a virtual environment under a home only its owner may enter), else None; asked by
-        starting it, until it could once."""
+    def _cannot_run(self, account: Account, base: Path) -> str | None:
+        """Why ``account`` cannot start the server's interpreter in ``base`` and import the
+        job library (a virtual environment, or the server's directory, under a home only its
+        owner may enter), else None; asked by starting it, until it could once."""
         with self._lock:
             if account.uid in self._runs:
                 return None
         try:
             probe = subprocess.run(
-                [self.python, "-c", "import gandiva.job.wire"], cwd="/",
+                [self.python, "-c", "import gandiva.job.wire"], cwd=base,
                 env=environment.for_jobs(), capture_output=True, text=True, timeout=PROBE_S,
                 user=account.uid, group=account.gid, extra_groups=list(account.groups))
             said = (probe.stderr.strip().splitlines() or [""])[-1]
@@ -123,9 +123,9 @@ class Tenancy:
         except (OSError, subprocess.TimeoutExpired) as e:
             said, failed = str(e), True
         if failed:
-            return (f"the {account} cannot run {self.python} with the job library ({said}): "
-                    "install gandiva where every account may read it (e.g. a virtual "
-                    "environment under /opt)")
+            return (f"the {account} cannot run {self.python} with the job library in {base} "
+                    f"({said}): install gandiva, and keep the server's directory, where "
+                    "every account may pass (e.g. /opt/gandiva and /var/lib/gandiva)")
         with self._lock:
             self._runs.add(account.uid)
         return None
