@@ -232,3 +232,52 @@ def test_a_root_server_runs_each_job_as_its_users_account_and_nothing_else_is_re
         assert it["groups"] == [] and not it["reached"], said
         assert (srv.user_dir(user) / "mine.txt").stat().st_uid == it["uid"]
         assert stat.S_IMODE(srv.user_dir(user).stat().st_mode) == 0o700
+
+
+def test_a_mapped_account_this_machine_lacks_or_that_is_root_is_refused_naming_it(tmp_path):
+    from fastapi import HTTPException
+
+    from gandiva.server.store import Principal
+    from gandiva.server.tenancy import ROOT, Tenancy
+
+    tenancy = Tenancy(ROOT, "a root server")
+    for os_user, said in (("gdv-nosuch", "does not exist on this machine"),
+                          ("root", "gandiva runs no job as root")):
+        with pytest.raises(HTTPException) as refused:
+            tenancy.account(Principal(7, "ada", False, os_user, 61190), tmp_path)
+        assert refused.value.status_code == 422
+        [detail] = refused.value.detail
+        assert detail["loc"] == ["body", "os_user"] and os_user in detail["msg"], detail
+        assert said in detail["msg"]
+    # taken up again after a restart, a job of a missing account is refused on the node
+    account = tenancy.account(Principal(7, "ada", False, "gdv-nosuch", 61190), tmp_path,
+                              check=False)
+    from gandiva.node.accounts import problem
+
+    assert account is not None and "does not exist on this node" in (problem(account) or "")
+
+
+def test_a_server_not_run_as_root_with_two_non_admin_users_needs_shared_account(tmp_path,
+                                                                                 root):
+    """Run as nobody: every job would run as the server's account, so each user could reach
+    the others' files; the server says so and names the flag that accepts it."""
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    home.mkdir()
+    nobody = {"user": 65534, "group": 65534, "extra_groups": [], "cwd": "/",
+              "capture_output": True, "text": True, "timeout": 60}
+    from serving import passable
+
+    passable(home)
+    os.chown(home, 65534, 65534)
+    gandiva = [sys.executable, "-m", "gandiva.cli"]
+    for user in ("erin", "frank"):
+        subprocess.run([*gandiva, "user", "add", user, "--home", str(home)], check=True,
+                       **nobody)
+    refused = subprocess.run([*gandiva, "server", "--home", str(home), "--port", "0"],
+                             **nobody)
+    assert refused.returncode != 0
+    assert "--shared-account" in refused.stderr and "erin, frank" in refused.stderr, \
+        refused.stderr
