@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
-from serving import GANDIVA, PACED, free_port, stop, warm  # noqa: E402
+from serving import GANDIVA, PACED, free_port, passable, stop, warm  # noqa: E402
 from waiting import until  # noqa: E402
 
 
@@ -35,6 +35,7 @@ def launch(args: list[str], log: Path, env: dict | None = None) -> subprocess.Po
     """A server whose output goes to ``log`` (appended), never to a pipe: its access log
     would fill a pipe nobody reads and block the server mid-request."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    passable(Path(args[args.index("--home") + 1]))
     with log.open("ab") as out:
         proc = subprocess.Popen([*GANDIVA, "server", *args], env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
@@ -258,6 +259,7 @@ def test_a_server_whose_loop_died_exits_and_a_restart_runs_its_jobs(tmp_path):
     import sys
 
     home, db = tmp_path / "home", str(tmp_path / "g.db")
+    passable(home)
     token = subprocess.run([*GANDIVA, "user", "add", "ada", "--home", str(home), "--db", db],
                            check=True, capture_output=True, text=True).stdout.strip()
     (home / "users" / "ada" / "paced.py").write_text(PACED)
