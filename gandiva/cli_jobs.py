@@ -263,10 +263,12 @@ def register(app: typer.Typer, user_app: typer.Typer) -> None:
             _print_json(users)
             return
         t = Table(box=None, header_style="bold")
-        for col in ("NAME", "ADMIN", "CREATED", "TOKEN"):
+        for col in ("NAME", "ADMIN", "RUNS AS", "CREATED", "TOKEN"):
             t.add_column(col)
-        for u in users:
-            t.add_row(escape(u["name"]), "yes" if u["admin"] else "",
+        for u in users:  # (as root; a server that is not runs every job as itself)
+            runs_as = (escape(u["os_user"]) if u.get("os_user") else
+                       f"uid {u['uid']}" if u.get("uid") is not None else "")
+            t.add_row(escape(u["name"]), "yes" if u["admin"] else "", runs_as,
                       _when(u["created_at"]),
                       f"revoked {_when(u['revoked_at'])}" if u["revoked_at"] else "active")
         console.print(t)
