@@ -359,6 +359,10 @@ def server(
                                            **_env("LOG_JSON"))] = False,
     access_log: Annotated[bool, typer.Option(help="Log every request",
                                              **_env("ACCESS_LOG"))] = True,
+    service_user: Annotated[str, typer.Option(
+        help="Started as root: the account the server itself runs as (its node daemon stays "
+        "root); a machine without it: uid 65519, no account", **_env("SERVICE_USER"))
+    ] = "gandiva",
     shared_account: Annotated[bool, typer.Option(
         help="Not root: run every user's jobs as this server's account, each able to reach "
         "every other user's files (needed with more than one non-admin user)",
@@ -388,16 +392,19 @@ def server(
     os.umask(0o077)  # the database, logs and checkpoints: this account's alone
     home = home.resolve()
     home.mkdir(parents=True, exist_ok=True)
-    store = Store(db or str(home / "gandiva.db"))
     if backend not in ("local", "ray", "hollow"):
         raise fail(f"--backend {backend!r}: use local, ray or hollow")
+    root = os.geteuid() == 0
+    nodes: Any = None
+    if root and backend == "local":  # the agent in a root daemon, the server off root
+        nodes = _separate(home, db, service_user, slots, hang_after, checkpoint_every)
+    store = Store(db or str(home / "gandiva.db"))
     from gandiva.server.tenancy import Tenancy
 
     try:
-        tenancy = Tenancy.for_server(store, backend, shared_account)
+        tenancy = Tenancy.for_server(store, backend, shared_account, root, nodes)
     except SystemExit as e:
         raise fail(str(e)) from None
-    nodes = None
     if backend == "hollow":
         from gandiva.backends.hollow import HollowNodes
         try:
@@ -475,6 +482,42 @@ def server(
         log.info("stopped")
 
 
+def _separate(home: Path, db: str | None, service_user: str, slots: int | None,
+              hang_s: float, checkpoint_every_s: float) -> Any:
+    """(A server started as root.) Start this machine's agent in the node daemon, which
+    stays root to run each job as its user's account; hand the server's home and database
+    to the service account and become it, for good. The API, the scheduler and the store
+    never run as root."""
+    from gandiva.backends.daemon import DaemonNodes
+    from gandiva.backends.driver import detect_devices
+    from gandiva.node import accounts
+
+    devices, kind, memory = detect_devices(slots, 1)
+    service = accounts.service(service_user)
+    database = _sqlite_path(db or str(home / "gandiva.db"))
+    if database is not None and database.parent.resolve() != home:
+        raise fail(f"--db {db}: started as root, the server runs as its service account "
+                   f"(uid {service.uid}), which keeps a SQLite database in its home "
+                   f"({home}): put it there, or use PostgreSQL")
+    nodes = DaemonNodes(home / "run", home / "users", devices, kind, memory, hang_s=hang_s,
+                        checkpoint_every_s=checkpoint_every_s)
+    os.chown(home, service.uid, service.gid)
+    os.chmod(home, 0o711)  # its users' directories and its jobs' are reached through it
+    if database is not None:
+        for part in ("", "-wal", "-shm", "-journal"):
+            path = database.with_name(database.name + part)
+            if path.exists():
+                os.chown(path, service.uid, service.gid)
+    accounts.drop(service, dumpable=False)
+    return nodes
+
+
+def _sqlite_path(db: str) -> Path | None:
+    if db.startswith("sqlite:///"):
+        return Path(db.removeprefix("sqlite:///")).resolve()
+    return None if "://" in db else Path(db).resolve()
+
+
 user_app = typer.Typer(help="Manage users and their tokens.", no_args_is_help=True)
 app.add_typer(user_app, name="user")
 
@@ -492,7 +535,6 @@ def user_add(
     """Add a user and print their token (shown once: only its hash is stored)."""
     from gandiva.node import accounts
     from gandiva.server.store import Store, StoreError
-    from gandiva.server.tenancy import prepare
 
     os.umask(0o077)  # the database it may create holds the tokens' hashes: the server's alone
     if os_user is not None:
@@ -517,7 +559,7 @@ def user_add(
         except KeyError:
             account = None
         if account is not None and account.uid > 0:
-            prepare(base, account)
+            accounts.settle(base, account)
     print(token)
 
 

@@ -99,6 +99,8 @@ def wait_warm(http, proc) -> None:
 
 def test_server_killed_with_sigkill_loses_no_job_and_resumes_from_checkpoints(tmp_path, db_url):
     home, port = tmp_path / "home", free_port()
+    if db_url.startswith("sqlite"):  # (in the server's home: its service account's, as root)
+        db_url = f"sqlite:///{home / 'g.db'}"
     token = subprocess.run([*GANDIVA, "user", "add", "ada", "--home", str(home), "--db", db_url],
                            check=True, capture_output=True, text=True).stdout.strip()
     (home / "users" / "ada" / "paced.py").write_text(PACED)  # jobs use files of their user's
@@ -149,7 +151,8 @@ def test_sigterm_checkpoints_running_jobs_at_their_next_mini_batch_and_a_restart
 
     from gandiva.job import checkpoint
 
-    home, port, db = tmp_path / "home", free_port(), str(tmp_path / "g.db")
+    home, port = tmp_path / "home", free_port()
+    db = str(home / "g.db")
     token = subprocess.run([*GANDIVA, "user", "add", "ada", "--home", str(home), "--db", db],
                            check=True, capture_output=True, text=True).stdout.strip()
     (home / "users" / "ada" / "paced.py").write_text(PACED)
@@ -258,7 +261,8 @@ def test_a_server_whose_loop_died_exits_and_a_restart_runs_its_jobs(tmp_path):
     take jobs it would never run; started again, it runs them."""
     import sys
 
-    home, db = tmp_path / "home", str(tmp_path / "g.db")
+    home = tmp_path / "home"
+    db = str(home / "g.db")
     passable(home)
     token = subprocess.run([*GANDIVA, "user", "add", "ada", "--home", str(home), "--db", db],
                            check=True, capture_output=True, text=True).stdout.strip()

@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 from serving import running  # noqa: E402
 from waiting import until  # noqa: E402
 
-from gandiva.node.accounts import DYNAMIC_UIDS  # noqa: E402
+from gandiva.node.accounts import DYNAMIC_UIDS, SERVICE_UID  # noqa: E402
 
 SECRET = "hunter2-not-for-jobs"
 # a job that writes down all it can see of environments: its own, as Python and as the
@@ -115,6 +115,8 @@ tries = {
     "write the database": lambda: open(aim["db"], "ab"),
     "read the server's environment": lambda: open(f"/proc/{aim['server']}/environ").read(),
     "signal the server": lambda: os.kill(aim["server"], 0),  # (0: asks only whether it may)
+    "signal the node daemon": lambda: os.kill(aim["daemon"], 0),
+    "read the node daemon's environment": lambda: open(f"/proc/{aim['daemon']}/environ").read(),
     "signal their job": lambda: os.kill(aim["pid"], 0),
     "open their job's channel": lambda: os.listdir(f"/proc/{aim['pid']}/fd"),
     "replace its own log": lambda: os.symlink("/etc/shadow", own + "/rank9.log"),
@@ -134,6 +136,19 @@ seen["secret in environment"] = any(aim["secret"] in v for k, v in os.environ.it
 print("SPY", json.dumps(seen), flush=True)
 """
 REFUSED = ("PermissionError",)
+
+
+def proc_status(pid: int) -> dict[str, list[str]]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.split() for k, _, v in (line.partition(":") for line in lines)}
+
+
+def daemon_of(server: int) -> int:
+    """The node daemon a root server started: its child running ``gandiva.node.daemon``."""
+    for child in Path(f"/proc/{server}/task/{server}/children").read_text().split():
+        if b"gandiva.node.daemon" in Path(f"/proc/{child}/cmdline").read_bytes():
+            return int(child)
+    raise AssertionError(f"server {server} has no node daemon")
 
 
 SELF = """\
@@ -173,6 +188,7 @@ def test_a_root_server_runs_each_job_as_its_users_account_and_nothing_else_is_re
             log = until(lambda: (text := alice.get(f"/v1/jobs/{kept}/logs").text)
                         and "KEEPER" in text and text, 120, "alice's job to run")
         keeper = json.loads(log.split("KEEPER ", 1)[1].splitlines()[0])
+        server, daemon = proc_status(srv.proc.pid), proc_status(daemon_of(srv.proc.pid))
         jobs = {}  # (user, what) -> job id
         with client("bob") as http:
             for how, env in (("warm", {}), ("cold", {"PYTHONHASHSEED": "0"})):
@@ -183,6 +199,7 @@ def test_a_root_server_runs_each_job_as_its_users_account_and_nothing_else_is_re
                         "job_dir": str(home / "run" / "jobs" / kept),
                         "jobs": str(home / "run" / "jobs"),
                         "db": str(home / "gandiva.db"), "server": srv.proc.pid,
+                        "daemon": daemon_of(srv.proc.pid),
                         "secret": SECRET})}}).raise_for_status().json()["id"]
         for user, other in (("carol", "dave"), ("dave", "carol")):
             (srv.user_dir(user) / "self.py").write_text(SELF)
@@ -202,6 +219,11 @@ def test_a_root_server_runs_each_job_as_its_users_account_and_nothing_else_is_re
             until(lambda: alice.get(f"/v1/jobs/{kept}").json()["state"] in ("done", "failed"),
                   120, "alice's job to end")
             assert alice.get(f"/v1/jobs/{kept}").json()["state"] == "done"
+    # privilege separation: the API, scheduler and store off root for good; the node daemon
+    # (the agent) root
+    assert server["Uid"] == [str(SERVICE_UID)] * 4 and server["Gid"] == [str(SERVICE_UID)] * 4
+    assert server["CapEff"] == ["0000000000000000"] and server["Groups"] == []
+    assert daemon["Uid"] == ["0"] * 4
     bob_entry = pwd.getpwnam(bob)
     for how in ("warm", "cold"):
         log = logs["bob", how]
@@ -281,3 +303,44 @@ def test_a_server_not_run_as_root_with_two_non_admin_users_needs_shared_account(
     assert refused.returncode != 0
     assert "--shared-account" in refused.stderr and "erin, frank" in refused.stderr, \
         refused.stderr
+
+
+
+def test_the_node_daemon_imports_nothing_of_the_server_the_policies_or_the_simulator():
+    """What runs as root is the agent and what it needs: a fresh interpreter that imports the
+    daemon (and the agent it starts) has nothing of gandiva.server, policies, sim, the
+    scheduler or the backends' loop."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", (
+        "import sys, gandiva.node.daemon, gandiva.node.agent\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('gandiva.server', "
+        "'gandiva.policies', 'gandiva.sim', 'gandiva.scheduler', 'gandiva.backends.driver', "
+        "'gandiva.sweep', 'fastapi', 'sqlalchemy'))))")],
+        capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+@pytest.mark.parametrize("call", [
+    {"op": "read_log", "job_id": "../../../etc/shadow"},  # a path, not a job
+    {"op": "read_log", "job_id": ".hidden"},
+    {"op": "kill", "job_id": "a/b"},
+    {"op": "read_log", "job_id": "j", "rank": -1},
+    {"op": "start", "job_id": "j", "devices": [0], "launch": {  # never root
+        "command": ["sh"], "account": {"uid": 0, "gid": 1000}}},
+    {"op": "start", "job_id": "j", "devices": [0], "launch": {  # nor root's group
+        "command": ["sh"], "account": {"uid": 1000, "gid": 1000, "groups": [0]}}},
+    {"op": "start", "job_id": "j", "devices": [0], "launch": {"command": []}},
+    {"op": "settle", "name": "../x", "account": {"uid": 1000, "gid": 1000}},
+    {"op": "shutdown"},  # not a call of the daemon's
+    {"op": "kill", "job_id": "j", "also": 1},  # nothing more than the call's fields
+    {"op": "resume", "job_id": "j", "devices": ["0"]},  # types as they are: no coercion
+])
+def test_the_node_daemon_refuses_any_call_outside_its_types(call):
+    from pydantic import ValidationError
+
+    from gandiva.node.daemon import CALL
+
+    with pytest.raises(ValidationError):
+        CALL.validate_python(call)

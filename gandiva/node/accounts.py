@@ -12,9 +12,16 @@ from __future__ import annotations
 import ctypes
 import os
 import pwd
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
-DYNAMIC_UIDS = range(61184, 65520)
+from gandiva.node import environment
+
+DYNAMIC_UIDS = range(61184, 65519)  # users', by id
+SERVICE_UID = 65519  # the server's own where the machine has no --service-user account
+PROBE_S = 30.0  # the interpreter's first start as an account (a cold disk cache)
 PR_SET_DUMPABLE = 4
 
 
@@ -51,10 +58,10 @@ def dynamic(uid: int, home: str) -> Account:
     return Account(uid, uid, home=home)
 
 
-def problem(account: Account) -> str | None:
+def problem(account: Account, root: bool | None = None) -> str | None:
     """Why this node cannot run a job as ``account`` (None: it can): a mapped account that
     is missing or has another uid here, a dynamic uid that an account owns here, or an
-    agent that is not root."""
+    agent that is not root (``root``: whether it is, if not this process)."""
     if account.name is not None:
         try:
             here = pwd.getpwnam(account.name).pw_uid
@@ -70,15 +77,18 @@ def problem(account: Account) -> str | None:
         if owner is not None:
             return (f"dynamic uid {account.uid} belongs to the OS account {owner!r} on this "
                     "node: map the user to an OS account (gandiva user add --os-user)")
-    if account.uid != os.geteuid() and os.geteuid() != 0:
+    if root is None:
+        root = os.geteuid() == 0
+    if account.uid != os.geteuid() and not root:
         return f"only a root agent can run a job as the {account}"
     return None
 
 
-def drop(account: Account) -> None:
+def drop(account: Account, dumpable: bool = True) -> None:
     """Become ``account`` for good (real, effective and saved ids; the supplementary groups
-    replaced): root's capabilities go with uid 0. Then the process may be traced and read
-    through /proc by its own user again (setuid cleared that), as any process of theirs."""
+    replaced): root's capabilities go with uid 0. Then, ``dumpable``, the process may be
+    traced and read through /proc by its own user again (setuid cleared that), as any
+    process of theirs; else by root alone (a server's, which holds secrets)."""
     if (os.getuid(), os.getgid()) == (account.uid, account.gid) and os.geteuid() != 0:
         return  # already (the agent's own account)
     os.setgroups(list(account.groups))
@@ -92,7 +102,7 @@ def drop(account: Account) -> None:
         else:
             raise RuntimeError("dropped privileges came back")
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+    libc.prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0)
 
 
 def chown(path: os.PathLike[str] | str, account: Account | None, mode: int) -> None:
@@ -101,3 +111,42 @@ def chown(path: os.PathLike[str] | str, account: Account | None, mode: int) -> N
         os.chown(path, account.uid, account.gid)
     os.chmod(path, mode)
 
+
+
+def settle(base: Path, account: Account) -> None:
+    """``base`` (a user's base directory) made the account's own, 0700; its parent and the
+    server's home passable by others (0711), never listable."""
+    base.mkdir(parents=True, exist_ok=True)
+    os.chown(base, account.uid, account.gid, follow_symlinks=False)
+    os.chmod(base, 0o700)
+    for parent in (base.parent, base.parent.parent):  # users/, and the server's home
+        os.chmod(parent, os.stat(parent).st_mode & 0o7777 | 0o711)
+
+
+def can_run(account: Account, base: Path, python: str = sys.executable) -> str | None:
+    """Why ``account`` cannot start ``python`` in ``base`` and import the job library (a
+    virtual environment, or the server's directory, under a home only its owner may enter),
+    else None: asked by starting it."""
+    try:
+        probe = subprocess.run(
+            [python, "-c", "import gandiva.job.wire"], cwd=base, env=environment.for_jobs(),
+            capture_output=True, text=True, timeout=PROBE_S, user=account.uid,
+            group=account.gid, extra_groups=list(account.groups))
+    except (OSError, subprocess.TimeoutExpired) as e:
+        said = str(e)
+    else:
+        if probe.returncode == 0:
+            return None
+        said = (probe.stderr.strip().splitlines() or [""])[-1]
+    return (f"the {account} cannot run {python} with the job library in {base} ({said}): "
+            "install gandiva, and keep the server's directory, where every account may pass "
+            "(e.g. /opt/gandiva and /var/lib/gandiva)")
+
+
+def service(name: str) -> Account:
+    """The server's own account once it leaves root: the OS account ``name`` if this machine
+    has it, else ``SERVICE_UID`` (no password-file entry, as a user's dynamic uid)."""
+    try:
+        return named(name)
+    except KeyError:
+        return Account(SERVICE_UID, SERVICE_UID, name=None, home="/")

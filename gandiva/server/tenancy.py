@@ -15,27 +15,26 @@ from __future__ import annotations
 
 import os
 import pwd
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from gandiva.node import accounts, environment
+from gandiva.node import accounts
 from gandiva.node.accounts import Account
 from gandiva.server.confinement import unprocessable
 from gandiva.server.store import Principal, Store
 
 ROOT = "root"
 SHARED = "shared account"
-PROBE_S = 30.0  # the interpreter's first start as an account (a cold disk cache)
 
 
 class Tenancy:
     """``mode``: ``ROOT`` or ``SHARED``; ``why``: what chose it, for the log and /readyz."""
 
-    def __init__(self, mode: str, why: str, python: str = sys.executable) -> None:
-        self.mode, self.why, self.python = mode, why, python
+    def __init__(self, mode: str, why: str, node: Any = None) -> None:
+        self.mode, self.why = mode, why
+        self.node = node or Here()  # settle and can_run, where root can
         self._runs: set[int] = set()  # the uids seen to run the interpreter
         self._lock = threading.Lock()
 
@@ -44,17 +43,23 @@ class Tenancy:
         return cls(SHARED, why)
 
     @classmethod
-    def for_server(cls, store: Store, backend: str, shared_account: bool) -> Tenancy:
-        """The mode of a ``gandiva server``; ``SystemExit``'s message where a non-root
-        server has several non-admin users and was not told ``--shared-account``."""
+    def for_server(cls, store: Store, backend: str, shared_account: bool, root: bool,
+                   node: Any = None) -> Tenancy:
+        """The mode of a ``gandiva server`` started as root or not (``root``; it may have
+        left uid 0 since, for its service account, leaving ``node`` root); ``SystemExit``'s
+        message where a non-root server has several non-admin users and was not told
+        ``--shared-account``."""
         me = _name(os.geteuid())
-        if os.geteuid() == 0 and backend == "local":
-            return cls(ROOT, "the server runs as root: every job runs as its user's account")
-        if os.geteuid() == 0:
+        if root and backend == "local":
+            why = "started as root: every job runs as its user's account"
+            if os.geteuid() != 0:
+                why += f", the server as {me}, its node daemon as root"
+            return cls(ROOT, why, node)
+        if root:
             why = (f"the {backend} backend: every job runs as the account of the process that "
                    "starts it, and every user can reach every other user's files")
         else:
-            why = (f"the server runs as {me!r}, not root: every job runs as {me!r}, and every "
+            why = (f"the server runs as {me}, not root: every job runs as {me}, and every "
                    "user can reach every other user's files and the server's state")
         others = [u.name for u in store.users() if not u.admin and u.revoked_at is None]
         if len(others) > 1 and not shared_account and backend == "local":
@@ -90,11 +95,26 @@ class Tenancy:
             assert who.uid is not None, who
             account = accounts.dynamic(who.uid, str(base))
         if check:
-            why = accounts.problem(account) or self._cannot_run(account, base)
+            why = self._problem(who, account, base)
             if why:
                 raise unprocessable("os_user", f"your jobs cannot run here: {why}")
-            prepare(base, account)
+            self.node.settle(who.name, base, account)
         return account
+
+    def _problem(self, who: Principal, account: Account, base: Path) -> str | None:
+        """Why this machine cannot run ``account``'s jobs in ``base``: the account, or the
+        interpreter out of its reach (tried until it could once)."""
+        if (why := accounts.problem(account, root=True)) is not None:
+            return why
+        with self._lock:
+            if account.uid in self._runs:
+                return None
+        self.node.settle(who.name, base, account)  # (the directory is tried too)
+        why = self.node.can_run(who.name, base, account)
+        if why is None:
+            with self._lock:
+                self._runs.add(account.uid)
+        return why
 
     def settle(self, store: Store, base_of: Callable[[Principal], Path]) -> None:
         """(At start, in root mode.) Every user's base directory made their account's, so
@@ -104,44 +124,23 @@ class Tenancy:
         for who in store.principals():
             account = self.account(who, base_of(who), check=False)
             if account is not None and account.uid > 0:
-                prepare(base_of(who), account)
-
-    def _cannot_run(self, account: Account, base: Path) -> str | None:
-        """Why ``account`` cannot start the server's interpreter in ``base`` and import the
-        job library (a virtual environment, or the server's directory, under a home only its
-        owner may enter), else None; asked by starting it, until it could once."""
-        with self._lock:
-            if account.uid in self._runs:
-                return None
-        try:
-            probe = subprocess.run(
-                [self.python, "-c", "import gandiva.job.wire"], cwd=base,
-                env=environment.for_jobs(), capture_output=True, text=True, timeout=PROBE_S,
-                user=account.uid, group=account.gid, extra_groups=list(account.groups))
-            said = (probe.stderr.strip().splitlines() or [""])[-1]
-            failed = probe.returncode != 0
-        except (OSError, subprocess.TimeoutExpired) as e:
-            said, failed = str(e), True
-        if failed:
-            return (f"the {account} cannot run {self.python} with the job library in {base} "
-                    f"({said}): install gandiva, and keep the server's directory, where "
-                    "every account may pass (e.g. /opt/gandiva and /var/lib/gandiva)")
-        with self._lock:
-            self._runs.add(account.uid)
-        return None
+                self.node.settle(who.name, base_of(who), account)
 
 
-def prepare(base: Path, account: Account) -> None:
-    """``base`` (a user's base directory) made the account's own; its parents passable."""
-    base.mkdir(parents=True, exist_ok=True)
-    os.chown(base, account.uid, account.gid, follow_symlinks=False)
-    os.chmod(base, 0o700)
-    for parent in (base.parent, base.parent.parent):  # users/, and the server's home
-        os.chmod(parent, os.stat(parent).st_mode & 0o7777 | 0o711)
+
+class Here:
+    """A user's directory settled, and the interpreter tried, by this process (a root
+    server that runs its agent itself); a root server's node daemon does both otherwise."""
+
+    def settle(self, name: str, base: Path, account: Account) -> None:
+        accounts.settle(base, account)
+
+    def can_run(self, name: str, base: Path, account: Account) -> str | None:
+        return accounts.can_run(account, base)
 
 
 def _name(uid: int) -> str:
     try:
-        return pwd.getpwuid(uid).pw_name
+        return repr(pwd.getpwuid(uid).pw_name)
     except KeyError:
         return f"uid {uid}"
