@@ -458,6 +458,37 @@ def test_a_gang_whose_rank_hangs_after_the_others_ended_fails_within_the_grace(z
         agent.close()
 
 
+def test_the_ranks_of_a_job_on_one_machine_meet_at_a_file_only_its_account_can_reach(
+        zygote, tmp_path):
+    """init_process_group's env:// (unmodified scripts, Lightning, HF) meets at a FileStore
+    in the job's own TMPDIR, not at a TCP store listening on every interface."""
+    agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=1e9,
+                  zygote=zygote)
+    script = tmp_path / "meet.py"
+    script.write_text("import os, tempfile, torch\n"
+                      "import torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      "t = torch.ones(1) * (dist.get_rank() + 1)\n"
+                      "dist.all_reduce(t)\n"
+                      "store = dist.distributed_c10d._get_default_store()\n"
+                      "while hasattr(store, 'underlying_store'):  # (prefixes)\n"
+                      "    store = store.underlying_store\n"
+                      "print('MEET', type(store).__name__, int(t.item()),\n"
+                      "      os.environ['GANDIVA_RENDEZVOUS_FILE'].startswith(\n"
+                      "          tempfile.gettempdir()), flush=True)\n")
+    try:
+        agent.start("m", Launch(["{python}", str(script)]), (0, 1))
+        ev = agent.events.get(timeout=90)
+        while ev.job_id != "m" or ev.kind not in ("failed", "done"):
+            ev = agent.events.get(timeout=90)
+        assert ev.kind == "done", ev.data
+        assert agent.jobs.get("m") is None and not agent._stores
+        for rank in (0, 1):
+            assert "MEET FileStore 3 True" in agent.read_log("m", rank).decode(), rank
+    finally:
+        agent.close()
+
+
 @pytest.mark.parametrize("devices", [(0,), (0, 1)], ids=["alone", "gang"])
 def test_a_job_silent_past_the_hang_limit_is_killed_and_restarted_from_its_checkpoint(
         zygote, tmp_path, devices):

@@ -155,6 +155,8 @@ def run(path: str) -> None:
     code: str | int | None = 0
     interrupted = False
     output.install()  # a full disk drops log lines, not the job
+    if os.environ.get("GANDIVA_RENDEZVOUS_FILE"):
+        rendezvous_in_a_file(os.environ["GANDIVA_RENDEZVOUS_FILE"])
     try:
         runpy.run_path(path, run_name="__main__")
     except SystemExit as stop:
@@ -167,6 +169,31 @@ def run(path: str) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     sys.exit(code)
+
+
+def rendezvous_in_a_file(path: str) -> None:
+    """Make ``env://`` (what ``init_process_group`` uses unless told otherwise, as
+    Lightning, HF and torchrun scripts do) meet at a ``FileStore`` at ``path``: the ranks of
+    a job on one machine meet where only its account can reach (the job's TMPDIR), not at a
+    TCP store, which listens on every interface with no authentication."""
+    import importlib
+    from datetime import timedelta
+    from urllib.parse import parse_qs, urlparse
+
+    rdzv = importlib.import_module("torch.distributed.rendezvous")
+
+    def handler(url: str, timeout: timedelta = rdzv.default_pg_timeout, **_: object):
+        from torch.distributed import FileStore
+
+        query = {k: v[-1] for k, v in parse_qs(urlparse(url).query).items()}
+        rank = int(query.get("rank", os.environ["RANK"]))
+        world = int(query.get("world_size", os.environ["WORLD_SIZE"]))
+        store = FileStore(path, world)
+        store.set_timeout(timeout)
+        yield store, rank, world
+        raise RuntimeError("env:// in a file: no second rendezvous (gandiva restarts a job)")
+
+    rdzv._rendezvous_handlers["env"] = handler  # (the public register refuses a second)
 
 
 def wind_down(destroy: bool = True) -> None:

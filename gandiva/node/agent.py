@@ -441,12 +441,6 @@ class Agent:
             job.tmp = Path(tempfile.mkdtemp(prefix="gandiva-"))
             accounts.chown(job.tmp, account, 0o700)
         _kill_leftovers(directory / "pids")
-        if job.gang is None:
-            job.store = _store()
-            gang = Gang(0, len(job.devices), "127.0.0.1", job.store.port)
-        else:
-            gang = job.gang
-            job.store = self._stores.pop(job.id, None)  # this node hosts the rendezvous
         try:
             command = torchrun.unwrap(job.launch.command, self.python)
         except ValueError as err:
@@ -458,6 +452,16 @@ class Agent:
         elastic = (job.gang is not None or len(job.devices) > 1
                    or command is not job.launch.command)
         command = [self.python if c == "{python}" else c for c in command]
+        # its ranks all here, each a Python script (which gandiva.job.warm runs, warm or
+        # cold): they meet at a file in the job's TMPDIR (``warm.rendezvous_in_a_file``),
+        # which only its account can reach; a TCP store listens on every interface
+        in_a_file = job.gang is None and _runs_through_warm(command, self.python)
+        if job.gang is not None:
+            gang = job.gang
+            job.store = self._stores.pop(job.id, None)  # this node hosts the rendezvous
+        else:
+            job.store = _store() if elastic and not in_a_file else None
+            gang = Gang(0, len(job.devices), "127.0.0.1", job.store.port if job.store else 0)
         visible = gpus.visible(job.devices, len(self.devices), job.id in self.in_place)
         for rank in range(len(job.devices)):
             env = {**environment.for_jobs(), "TMPDIR": str(job.tmp), **job.launch.env,
@@ -471,6 +475,8 @@ class Agent:
             if elastic:
                 env.update(torchrun_env(job.id, gang, rank, len(job.devices), job.restarts,
                                         self.max_restarts))
+                if in_a_file:
+                    env["GANDIVA_RENDEZVOUS_FILE"] = str(job.tmp / "rendezvous")
                 env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # torchrun's default
             else:
                 for name in TORCHRUN_VARIABLES:  # not inherited from the agent's own
@@ -917,10 +923,15 @@ def rank_logs(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def _runs_through_warm(command: list[str], python: str) -> bool:
+    """A Python script: run by ``gandiva.job.warm``, forked warm or started cold."""
+    return len(command) > 1 and command[0] == python and command[1].endswith(".py")
+
+
 def _cold(command: list[str], python: str) -> list[str]:
     """A cold start of a Python script goes through ``gandiva.job.warm --cold``, so it ends
     as a warm one does (its process groups destroyed before the interpreter finalizes)."""
-    if len(command) > 1 and command[0] == python and command[1].endswith(".py"):
+    if _runs_through_warm(command, python):
         return [python, "-m", "gandiva.job.warm", "--cold", *command[1:]]
     return command
 
@@ -990,10 +1001,11 @@ def torchrun_env(job_id: str, gang: Gang, local_rank: int, local_world: int,
 TORCHRUN_VARIABLES = tuple(torchrun_env("", Gang(0, 1, "", 0), 0, 1, 0, 0))
 
 
-def _store() -> Any:
+def _store(host: str = "0.0.0.0") -> Any:
     """A rendezvous store (torch's TCPStore server) on a port the kernel picked and that
     stays bound while the job runs: torchrun's agent store. Picking a free port, closing
-    it and handing the number to rank 0 lets another process take it in between."""
+    it and handing the number to rank 0 lets another process take it in between. ``host``:
+    what it listens on (all interfaces for a gang over several nodes)."""
     from torch.distributed import TCPStore
 
-    return TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False)
+    return TCPStore(host, 0, is_master=True, wait_for_workers=False)
