@@ -491,7 +491,14 @@ def _separate(home: Path, db: str | None, service_user: str, slots: int | None,
     from gandiva.backends.daemon import DaemonNodes
     from gandiva.backends.driver import detect_devices
     from gandiva.node import accounts
+    from gandiva.node.agent import OOM_SCORE_ADJ
 
+    # the machine out of memory, the kernel kills a job before the server or the daemon
+    # (the agent raises its jobs' scores); lowered where this root may (CAP_SYS_RESOURCE)
+    try:
+        Path("/proc/self/oom_score_adj").write_text(str(OOM_SCORE_ADJ))
+    except OSError:
+        pass
     devices, kind, memory = detect_devices(slots, 1)
     service = accounts.service(service_user)
     database = _sqlite_path(db or str(home / "gandiva.db"))

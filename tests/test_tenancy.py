@@ -131,6 +131,7 @@ for name, attempt in tries.items():
         seen[name] = type(e).__name__
 status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
 seen["status"] = {k: status[k].split() for k in ("Uid", "Gid", "Groups", "CapPrm", "CapEff")}
+seen["status"]["oom_score_adj"] = open("/proc/self/oom_score_adj").read().split()
 seen["secret in environment"] = any(aim["secret"] in v for k, v in os.environ.items()
                                     if k != "AIM")  # (where the test told it the secret)
 print("SPY", json.dumps(seen), flush=True)
@@ -189,6 +190,8 @@ def test_a_root_server_runs_each_job_as_its_users_account_and_nothing_else_is_re
                         and "KEEPER" in text and text, 120, "alice's job to run")
         keeper = json.loads(log.split("KEEPER ", 1)[1].splitlines()[0])
         server, daemon = proc_status(srv.proc.pid), proc_status(daemon_of(srv.proc.pid))
+        oom = {name: Path(f"/proc/{pid}/oom_score_adj").read_text().strip() for name, pid in
+               (("server", srv.proc.pid), ("daemon", daemon_of(srv.proc.pid)))}
         jobs = {}  # (user, what) -> job id
         with client("bob") as http:
             for how, env in (("warm", {}), ("cold", {"PYTHONHASHSEED": "0"})):
@@ -224,6 +227,7 @@ def test_a_root_server_runs_each_job_as_its_users_account_and_nothing_else_is_re
     assert server["Uid"] == [str(SERVICE_UID)] * 4 and server["Gid"] == [str(SERVICE_UID)] * 4
     assert server["CapEff"] == ["0000000000000000"] and server["Groups"] == []
     assert daemon["Uid"] == ["0"] * 4
+    assert int(oom["server"]) <= 0 and int(oom["daemon"]) <= 0  # (-500 where it may)
     bob_entry = pwd.getpwnam(bob)
     for how in ("warm", "cold"):
         log = logs["bob", how]
@@ -237,6 +241,7 @@ def test_a_root_server_runs_each_job_as_its_users_account_and_nothing_else_is_re
         assert status["Gid"] == [str(bob_entry.pw_gid)] * 4, (how, status)
         assert status["Groups"] == [str(g) for g in os.getgrouplist(bob, bob_entry.pw_gid)]
         assert status["CapPrm"] == status["CapEff"] == ["0000000000000000"], (how, status)
+        assert status["oom_score_adj"] == ["500"], (how, status)  # killed first
     ada_uid = pwd.getpwnam(ada).pw_uid
     assert keeper["uid"] == ada_uid
     assert (srv.user_dir("alice") / "private.txt").stat().st_uid == ada_uid

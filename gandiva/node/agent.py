@@ -521,6 +521,7 @@ class Agent:
                         _cold(command, self.python), cwd=cwd, env=env, stdout=log,
                         stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),),
                         start_new_session=True, **who)
+                    killable_first(proc.pid)
                 except OSError as err:
                     ours.close()
                     self._finish(job, f"cannot start {command[0]!r}: {err}")
@@ -910,9 +911,25 @@ def _held(job: _Job, r: _Rank) -> float | None:
 def start_zygote(workdir: Path, threads: int = 1, python: str = sys.executable) -> Zygote:
     """A zygote whose forks start as an agent with ``threads`` per job starts an ordinary
     job: with what every job gets in its environment."""
-    return Zygote(python, workdir, env={**environment.for_jobs(),
-                                        "OMP_NUM_THREADS": str(threads),
-                                        "PYTHONUNBUFFERED": "1"})
+    zygote = Zygote(python, workdir, env={**environment.for_jobs(),
+                                          "OMP_NUM_THREADS": str(threads),
+                                          "PYTHONUNBUFFERED": "1"})
+    killable_first(zygote.proc.pid)  # and its forks, the warm jobs
+    return zygote
+
+
+def killable_first(pid: int) -> None:
+    """A job's process is the OOM killer's before the server and the agent: its score is
+    raised (``JOB_OOM_SCORE_ADJ``, which needs no privilege; a root server also lowers its
+    own and its daemon's where the machine lets it: ``OOM_SCORE_ADJ``)."""
+    try:
+        Path(f"/proc/{pid}/oom_score_adj").write_text(str(JOB_OOM_SCORE_ADJ))
+    except OSError:
+        pass
+
+
+JOB_OOM_SCORE_ADJ = 500
+OOM_SCORE_ADJ = -500  # the server's and its node daemon's (needs CAP_SYS_RESOURCE)
 
 
 def rank_logs(directory: Path) -> list[tuple[int, Path]]:
