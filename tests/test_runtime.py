@@ -458,6 +458,42 @@ def test_a_gang_whose_rank_hangs_after_the_others_ended_fails_within_the_grace(z
         agent.close()
 
 
+@pytest.mark.parametrize("how", ["warm", "cold"])
+def test_what_a_job_left_running_in_a_session_of_its_own_is_gone_when_the_job_ends(
+        zygote, tmp_path, how):
+    """A daemon started in a new session (out of the job's process group) is found in the
+    run's cgroup and killed with the run."""
+    from gandiva.node import cgroups
+
+    if cgroups.hierarchy() is None:
+        pytest.skip("this machine has no cgroup v2 hierarchy this process may write")
+    agent = Agent(tmp_path / "agent", ["cpu:0"], checkpoint_every_s=1e9, zygote=zygote)
+    pidfile, script = tmp_path / "left.pid", tmp_path / "leave.py"
+    script.write_text("import subprocess, sys\n"
+                      "left = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+                      f"open({str(pidfile)!r}, 'w').write(str(left.pid))\n")
+    env = {"PYTHONHASHSEED": "0"} if how == "cold" else {}  # (acts at start-up: cold)
+    try:
+        agent.start("j", Launch(["{python}", str(script)], env=env), (0,))
+        ev = agent.events.get(timeout=90)
+        while ev.job_id != "j" or ev.kind not in ("failed", "done"):
+            ev = agent.events.get(timeout=90)
+        assert ev.kind == "done", ev.data
+        left = int(pidfile.read_text())
+        until(lambda: not Path(f"/proc/{left}").exists() or "Z" in stat_state(left), 10,
+              f"{how}: the job's daemon {left} to be gone")
+        assert "starts cold" in agent.read_log("j").decode() or how == "warm"
+    finally:
+        agent.close()
+
+
+def stat_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
 def test_the_ranks_of_a_job_on_one_machine_meet_at_a_file_only_its_account_can_reach(
         zygote, tmp_path):
     """init_process_group's env:// (unmodified scripts, Lightning, HF) meets at a FileStore

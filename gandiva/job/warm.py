@@ -34,6 +34,7 @@ import socket
 import sys
 import tempfile
 import threading
+from pathlib import Path
 
 from gandiva.job import output, wire
 
@@ -122,6 +123,10 @@ def enter(go: wire.Become, log: int, control_fd: int | None = None) -> None:
     os.dup2(log, 1)  # from here on, errors go to the job's own log
     os.dup2(log, 2)
     os.close(log)
+    if go.cgroup is not None:  # before it can fork
+        from gandiva.node.cgroups import join
+
+        join(Path(go.cgroup))
     if go.uid is not None and go.gid is not None:  # before anything of the job's is read
         from gandiva.node.accounts import Account, drop
 

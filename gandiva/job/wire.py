@@ -81,6 +81,7 @@ class Become:
     uid: int | None = None
     gid: int | None = None
     groups: list[int] = field(default_factory=list)
+    cgroup: str | None = None  # the run's cgroup, joined first (``gandiva.node.cgroups``)
     op: ClassVar[str] = "become"
 
 

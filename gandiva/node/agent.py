@@ -47,7 +47,7 @@ from typing import Any
 
 from gandiva.backends.nodes import AgentEvent, Launch
 from gandiva.job import wire
-from gandiva.node import accounts, environment, torchrun
+from gandiva.node import accounts, cgroups, environment, torchrun
 from gandiva.node import devices as gpus
 from gandiva.node.accounts import Account
 from gandiva.node.zygote import Forked, Zygote, warm_compatible
@@ -134,6 +134,7 @@ class _Job:
     gang: Gang | None = None  # a part of a gang over several nodes
     store: Any = None  # the rendezvous store its ranks meet at, if this part hosts it
     tmp: Path | None = None  # its TMPDIR while its processes run
+    cgroup: Path | None = None  # its processes' cgroup while they run, where there are
 
     @property
     def first(self) -> int:
@@ -183,6 +184,8 @@ class Agent:
         self._zygote = zygote
         self._own_zygote = zygote is None
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self._cgroups = cgroups.Runs(self.workdir)  # (ends an earlier agent's runs)
+        self._made = 0  # cgroups made: each run's is new
         for pids in self.workdir.glob("jobs/*/pids"):  # an earlier agent's, if it crashed
             _kill_leftovers(pids)
         self.events: queue.Queue[AgentEvent] = queue.Queue()
@@ -423,6 +426,7 @@ class Agent:
         self._thread.join(timeout=5)
         for job in list(self.jobs.values()):  # (those the reader did not reap before it ended)
             _remove_tmp(job)
+        self._cgroups.close()
 
     # ---- processes ----------------------------------------------------------------------
     def _device_name(self, job: _Job, r: _Rank) -> str:
@@ -440,6 +444,9 @@ class Agent:
             # short: a socket's path, ``multiprocessing``'s under TMPDIR, fits in 107 bytes
             job.tmp = Path(tempfile.mkdtemp(prefix="gandiva-"))
             accounts.chown(job.tmp, account, 0o700)
+        if job.cgroup is None:
+            self._made += 1
+            job.cgroup = self._cgroups.make(job.id, self._made)
         _kill_leftovers(directory / "pids")
         try:
             command = torchrun.unwrap(job.launch.command, self.python)
@@ -503,10 +510,11 @@ class Agent:
             proc: subprocess.Popen[bytes] | Forked
             if warm is not None:
                 proc, ours = warm
-                become = wire.Become(command[1:], env, cwd)
+                cgroup = str(job.cgroup) if job.cgroup else None
+                become = wire.Become(command[1:], env, cwd, cgroup=cgroup)
                 if account is not None:
                     become = wire.Become(command[1:], env, cwd, account.uid, account.gid,
-                                         list(account.groups))
+                                         list(account.groups), cgroup)
                 _send_with(ours, wire.encode(become), log)
                 os.close(log)
             else:
@@ -521,7 +529,8 @@ class Agent:
                         _cold(command, self.python), cwd=cwd, env=env, stdout=log,
                         stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),),
                         start_new_session=True, **who)
-                    killable_first(proc.pid)
+                    cgroups.join(job.cgroup, proc.pid)  # (before its code runs, as a rule:
+                    killable_first(proc.pid)  # an interpreter takes ~20 ms to start)
                 except OSError as err:
                     ours.close()
                     self._finish(job, f"cannot start {command[0]!r}: {err}")
@@ -897,6 +906,11 @@ def _send_with(sock: socket.socket, data: bytes, fd: int) -> None:
 
 
 def _remove_tmp(job: _Job) -> None:
+    """A run leaves the agent: what is left of its processes (in its cgroup) is killed, and
+    its TMPDIR removed."""
+    if job.cgroup is not None:
+        cgroups.kill(job.cgroup)
+        job.cgroup = None
     if job.tmp is not None:
         shutil.rmtree(job.tmp, ignore_errors=True)
         job.tmp = None
