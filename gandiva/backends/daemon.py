@@ -120,6 +120,10 @@ class DaemonNodes:
     def checkpoint_dir(self, job_id: str) -> Path:
         return self.workdir / "jobs" / job_id / "checkpoints"
 
+    def newest_checkpoint(self, job_id: str) -> Path | None:
+        newest = self.call("newest_checkpoint", job_id=job_id)
+        return None if newest is None else Path(newest)
+
     def warm_ready(self) -> bool:
         return bool(self.call("warm_ready"))
 

@@ -91,3 +91,16 @@ class Nodes(Protocol):
 
     def close(self) -> None:
         """End every process and free what the nodes hold."""
+
+
+def newest_checkpoint(nodes: Nodes, job_id: str) -> Path | None:
+    """The job's newest checkpoint on this machine, if any: asked of nodes that keep them
+    where this process cannot look (a root server's node daemon), else looked for."""
+    ask = getattr(nodes, "newest_checkpoint", None)
+    if ask is not None:
+        return ask(job_id)
+    from gandiva.job import checkpoint
+
+    where = nodes.checkpoint_dir(job_id)
+    steps = checkpoint.steps(where) if where is not None else []
+    return checkpoint.path(where, steps[0]) if where is not None and steps else None

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from gandiva.backends.nodes import AgentEvent, Launch
-from gandiva.job import wire
+from gandiva.job import checkpoint, wire
 from gandiva.node import accounts, cgroups, environment, torchrun
 from gandiva.node import devices as gpus
 from gandiva.node.accounts import Account
@@ -211,6 +211,12 @@ class Agent:
 
     def checkpoint_dir(self, job_id: str) -> Path:
         return self.job_dir(job_id) / "checkpoints"
+
+    def newest_checkpoint(self, job_id: str) -> Path | None:
+        """The job's newest checkpoint here (its name: nothing of it is read)."""
+        directory = self.checkpoint_dir(job_id)
+        steps = checkpoint.steps(directory)
+        return checkpoint.path(directory, steps[0]) if steps else None
 
     def rendezvous(self, job_id: str) -> int:
         """Host a fresh rendezvous store for the next start of ``job_id`` here, and say

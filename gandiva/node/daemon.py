@@ -86,7 +86,7 @@ class Resume(_Strict):
 
 
 class OfJob(_Strict):
-    op: Literal["suspend", "park", "kill", "has"]
+    op: Literal["suspend", "park", "kill", "has", "newest_checkpoint"]
     job_id: JobId
 
 
@@ -169,6 +169,9 @@ class Daemon:
         if isinstance(call, OfJob):
             if call.op == "has":
                 return {"running": call.job_id in agent.jobs, "ended": call.job_id in agent.ended}
+            if call.op == "newest_checkpoint":
+                newest = agent.newest_checkpoint(call.job_id)
+                return None if newest is None else str(newest)
             return getattr(agent, call.op)(call.job_id)
         if isinstance(call, Log):
             if call.op == "log_size":

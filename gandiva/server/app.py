@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gandiva.backends.nodes import newest_checkpoint
 from gandiva.server import sweep_api
 from gandiva.server.jobspec import MAX_LABELS, JobRequest, JsonInt
 from gandiva.server.persistence import transient
@@ -345,7 +346,7 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
 
     # (looked up at each request: the routes are built without a service for the schema)
     sweep_api.routes(app, store, lambda who, spec: service.submit_sweep(who, spec),
-                     lambda job_id: service.backend.agent.checkpoint_dir(job_id), Who,
+                     lambda job_id: newest_checkpoint(service.backend.agent, job_id), Who,
                      visible, NOT_FOUND, BAD_BODY)
 
     @app.get("/v1/whoami")

@@ -14,7 +14,6 @@ from typing import Annotated, Any
 from fastapi import FastAPI, HTTPException, Query
 from pydantic import BaseModel
 
-from gandiva.job import checkpoint
 from gandiva.server.store import STEP_MAX, JobRow, Principal, Store, SweepRow, TrialRow
 from gandiva.spec import JobState
 from gandiva.sweep.spec import SweepSpec
@@ -56,11 +55,11 @@ class SweepView(BaseModel):
     best: TrialView | None  # the finished (done) trial with the best latest value
 
 
-CheckpointDir = Callable[[str], Path | None]  # a job's checkpoint directory on the server
+Newest = Callable[[str], Path | None]  # a job's newest checkpoint, if its node has one
 SubmitSweep = Callable[[Principal, SweepSpec], tuple[SweepRow, list[JobRow]]]
 
 
-def sweep_view(store: Store, checkpoint_dir: CheckpointDir, row: SweepRow,
+def sweep_view(store: Store, newest: Newest, row: SweepRow,
                trials: list[tuple[TrialRow, JobRow]]) -> SweepView:
     spec = SweepSpec.model_validate(row.spec)
     last = store.last_points([job.id for _, job in trials], spec.metric)
@@ -72,15 +71,14 @@ def sweep_view(store: Store, checkpoint_dir: CheckpointDir, row: SweepRow,
     sign = 1 if spec.mode == "min" else -1
     done = [v for v in views if v.state == JobState.DONE and v.value is not None]
     best = min(done, key=lambda v: (sign * (v.value or 0.0), v.trial), default=None)
-    where = checkpoint_dir(best.job_id) if best is not None else None
-    if best is not None and where is not None and (newest := checkpoint.steps(where)):
-        best = best.model_copy(update={"checkpoint": str(checkpoint.path(where, newest[0]))})
+    if best is not None and (file := newest(best.job_id)) is not None:
+        best = best.model_copy(update={"checkpoint": str(file)})
     return SweepView(id=row.id, name=row.name, created_at=row.created_at, metric=spec.metric,
                      mode=spec.mode, rule=spec.stop.rule, rungs=spec.stop.rungs,
                      trials=views, best=best)
 
 
-def routes(app: FastAPI, store: Store, submit: SubmitSweep, checkpoint_dir: CheckpointDir,
+def routes(app: FastAPI, store: Store, submit: SubmitSweep, newest: Newest,
            Who: Any, visible: Callable[..., JobRow], not_found: dict, bad_body: dict) -> None:
 
     @app.get("/v1/jobs/{job_id}/metrics", responses=not_found)
@@ -105,7 +103,7 @@ def routes(app: FastAPI, store: Store, submit: SubmitSweep, checkpoint_dir: Chec
         ``sweep=<id>`` and ``trial=<n>``; the sweep's rule promotes or stops them as they
         report its metric."""
         row, _ = submit(who, spec)
-        return sweep_view(store, checkpoint_dir, row, store.trials([row.id]))
+        return sweep_view(store, newest, row, store.trials([row.id]))
 
     @app.get("/v1/sweeps")
     def sweeps(who: Who, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -118,7 +116,7 @@ def routes(app: FastAPI, store: Store, submit: SubmitSweep, checkpoint_dir: Chec
         if not brief:
             for t, job in store.trials(list(trials)):
                 trials[t.sweep_id].append((t, job))
-        return [sweep_view(store, checkpoint_dir, row, trials[row.id]) for row in rows]
+        return [sweep_view(store, newest, row, trials[row.id]) for row in rows]
 
     @app.get("/v1/sweeps/{sweep_id}", responses={404: {"description": "No such sweep, or "
                                                                       "not yours"}})
@@ -126,4 +124,4 @@ def routes(app: FastAPI, store: Store, submit: SubmitSweep, checkpoint_dir: Chec
         rows = store.sweeps(who, sweep_id) if "\x00" not in sweep_id else []
         if not rows:
             raise HTTPException(404, f"no sweep {sweep_id!r}")
-        return sweep_view(store, checkpoint_dir, rows[0], store.trials([sweep_id]))
+        return sweep_view(store, newest, rows[0], store.trials([sweep_id]))
