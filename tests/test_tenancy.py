@@ -349,3 +349,42 @@ def test_the_node_daemon_refuses_any_call_outside_its_types(call):
 
     with pytest.raises(ValidationError):
         CALL.validate_python(call)
+
+
+class Planted:
+    """What a pickle can do when loaded: here, write a file."""
+
+    def __init__(self, proof: Path) -> None:
+        self.proof = proof
+
+    def __reduce__(self):
+        return (Path.write_text, (self.proof, "code ran"))
+
+
+def test_a_checkpoint_is_loaded_as_data_never_as_code_and_the_librarys_own_state_loads(
+        tmp_path):
+    import random
+
+    import numpy as np
+    import torch
+
+    from gandiva.job import checkpoint
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    checkpoint.save(tmp_path, 3, {"step": 3, "rng": {
+        "torch": torch.get_rng_state(), "python": random.getstate(),
+        "numpy": np.random.get_state()}, "objects": {"model": model.state_dict(),
+                                                     "opt": opt.state_dict()}})
+    step, state = checkpoint.latest(tmp_path)
+    assert step == 3 and state["rng"]["numpy"][0] == "MT19937"
+    assert torch.equal(state["objects"]["model"]["weight"], model.weight.detach())
+    proof = tmp_path / "proof.txt"
+    checkpoint.save(tmp_path, 4, {"step": 4, "objects": {"x": Planted(proof)}})
+    with pytest.raises(ValueError) as refused:
+        checkpoint.latest(tmp_path)
+    assert "builtins.getattr, pathlib" in str(refused.value)  # (how it names Path.write_text)
+    assert "add_safe_globals" in str(refused.value)  # what to do, if it is meant
+    assert not proof.exists()

@@ -173,11 +173,34 @@ def verify(file: Path) -> None:
 
 
 def read(file: Path) -> dict[str, Any]:
-    """Load one verified checkpoint file; ``ValueError`` if it is not whole."""
+    """Load one verified checkpoint file; ``ValueError`` if it is not whole.
+
+    With ``weights_only``: a checkpoint is data (tensors, numbers, strings, containers),
+    never code to run, whoever put the file there. What the library itself saves beyond
+    that, numpy's random state, is allowed by name; a script whose registered objects save
+    other types allows them (``torch.serialization.add_safe_globals``) and is told so."""
+    import pickle
+
     import torch
 
     verify(file)
-    return torch.load(file, map_location="cpu", weights_only=False)
+    allowed: list[Any] = []
+    if "numpy" in sys.modules:  # (its random state is in the checkpoint only if it is)
+        import numpy as np
+
+        core = getattr(np, "_core", None) or np.core  # (numpy 2 renamed it)
+        allowed = [np.ndarray, np.dtype, core.multiarray._reconstruct,
+                   type(np.dtype(np.uint32))]
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(file)
+        raise ValueError(
+            f"{file}: holds {', '.join(unsafe) or 'objects'} besides tensors, numbers, strings "
+            "and containers, which gandiva loads only where the script allows them by name: "
+            "call torch.serialization.add_safe_globals([...]) with those types before "
+            f"gj.init() ({str(err).splitlines()[-1][:200]})") from None
 
 
 def newest_whole(directory: Path) -> tuple[int, Path] | None:
@@ -211,7 +234,9 @@ def latest(directory: Path) -> tuple[int, dict[str, Any]] | None:
     step, file = found
     try:
         return step, read(file)
-    except (ValueError, OSError, RuntimeError, EOFError) as err:
+    except ValueError:
+        raise
+    except (OSError, RuntimeError, EOFError) as err:
         raise ValueError(f"{file}: whole (its digest matches) but not a torch.save file; "
                          f"a framework's checkpoint opens with its integration ({err})") from err
 
