@@ -89,7 +89,8 @@ import torch
 import gandiva.job as gj
 
 open("private.txt", "w").write("alice's own")
-print("KEEPER", json.dumps({"pid": os.getpid(), "uid": os.getuid()}), flush=True)
+print("KEEPER", json.dumps({"pid": os.getpid(), "uid": os.getuid(),
+                            "tmp": os.environ["TMPDIR"]}), flush=True)
 job = gj.init()
 job.register(model=torch.nn.Linear(2, 2))
 for step in job.steps(1_000_000):
@@ -104,6 +105,7 @@ SPY_ON = """\
 import json, os
 aim = json.loads(os.environ["AIM"])
 own = aim["jobs"] + "/" + os.environ["GANDIVA_JOB_ID"]  # its own job's directory, the agent's
+
 tries = {
     "read their file": lambda: open(aim["base"] + "/private.txt").read(),
     "list their base": lambda: os.listdir(aim["base"]),
@@ -119,6 +121,7 @@ tries = {
     "read the node daemon's environment": lambda: open(f"/proc/{aim['daemon']}/environ").read(),
     "signal their job": lambda: os.kill(aim["pid"], 0),
     "open their job's channel": lambda: os.listdir(f"/proc/{aim['pid']}/fd"),
+    "enter their TMPDIR, where their ranks meet": lambda: os.listdir(aim["tmp"]),
     "replace its own log": lambda: os.symlink("/etc/shadow", own + "/rank9.log"),
     "replace its own pid file": lambda: os.replace(own + "/pids", own + "/pids.old"),
 }
@@ -199,6 +202,7 @@ def test_a_root_server_runs_each_job_as_its_users_account_and_nothing_else_is_re
                     "name": f"spy-{how}", "command": ["python", "spy.py"], "env": {**env,
                     "AIM": json.dumps({
                         "base": str(srv.user_dir("alice")), "pid": keeper["pid"],
+                        "tmp": keeper["tmp"],
                         "job_dir": str(home / "run" / "jobs" / kept),
                         "jobs": str(home / "run" / "jobs"),
                         "db": str(home / "gandiva.db"), "server": srv.proc.pid,
