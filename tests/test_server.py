@@ -121,6 +121,9 @@ def test_server_killed_with_sigkill_loses_no_job_and_resumes_from_checkpoints(tm
         orphans = [int(line.split()[0]) for i in ids
                    for p in [home / "run" / "jobs" / i / "pids"] if p.exists()
                    for line in p.read_text().splitlines()]
+        tmpdirs = [Path(p.read_text()) for i in ids
+                   for p in [home / "run" / "jobs" / i / "tmp"] if p.exists()]
+        assert tmpdirs and all(t.is_dir() for t in tmpdirs)
         proc = start(home, db_url, port)
         wait_up(http, proc)
         follow(http, lambda events: all(
@@ -129,6 +132,8 @@ def test_server_killed_with_sigkill_loses_no_job_and_resumes_from_checkpoints(tm
         assert [jobs[i]["state"] for i in ids] == ["done"] * 3 and len(jobs) == 3
         for pid in orphans:  # nothing of the killed server's jobs runs on (none runs twice)
             assert not Path(f"/proc/{pid}").exists() or "Z" in stat_state(pid)
+        for tmp in tmpdirs:  # ...and their TMPDIRs went with them
+            assert not tmp.exists(), tmp
         events = http.get(f"/v1/jobs/{ids[0]}/events").json()
         kinds = [e["kind"] for e in events]
         assert "requeued" in kinds and kinds[-1] == "done"

@@ -188,6 +188,7 @@ class Agent:
         self._made = 0  # cgroups made: each run's is new
         for pids in self.workdir.glob("jobs/*/pids"):  # an earlier agent's, if it crashed
             _kill_leftovers(pids)
+            _remove_left_tmp(pids.with_name("tmp"))
         self.events: queue.Queue[AgentEvent] = queue.Queue()
         self.jobs: dict[str, _Job] = {}
         self.ended: set[str] = set()  # finished or failed: actions on them are no-ops
@@ -450,6 +451,7 @@ class Agent:
             # short: a socket's path, ``multiprocessing``'s under TMPDIR, fits in 107 bytes
             job.tmp = Path(tempfile.mkdtemp(prefix="gandiva-"))
             accounts.chown(job.tmp, account, 0o700)
+            (directory / "tmp").write_text(str(job.tmp))  # for the next agent, if this crashes
         if job.cgroup is None:
             self._made += 1
             job.cgroup = self._cgroups.make(job.id, self._made)
@@ -1014,6 +1016,18 @@ def _kill_leftovers(path: Path) -> None:
                 os.killpg(int(pid), signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _remove_left_tmp(record: Path) -> None:
+    """Remove the TMPDIR an earlier agent recorded for a job (``tmp`` in the job's directory,
+    the agent's own): only one of the agent's names, never another path."""
+    try:
+        tmp = Path(record.read_text())
+        record.unlink()
+    except OSError:
+        return
+    if tmp.parent == Path(tempfile.gettempdir()) and re.fullmatch(r"gandiva-\w+", tmp.name):
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def torchrun_env(job_id: str, gang: Gang, local_rank: int, local_world: int,
