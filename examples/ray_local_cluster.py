@@ -8,11 +8,23 @@ a head and N worker nodes with G GPUs each (CPU slots stand in for GPUs without 
 
 import argparse
 import os
+import secrets
 import signal
 import time
+from pathlib import Path
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # keep Ray on 127.0.0.1
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Ray's token authentication: only a process that holds the token (in Ray's default place,
+# ~/.ray/auth_token, made here if missing, as `ray get-auth-token --generate` does) can use
+# the cluster; the gandiva server finds it there too. A root server's jobs never can.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+TOKEN = Path.home() / ".ray" / "auth_token"
+if os.environ["RAY_AUTH_MODE"] == "token" and not (
+        "RAY_AUTH_TOKEN" in os.environ or "RAY_AUTH_TOKEN_PATH" in os.environ or TOKEN.exists()):
+    TOKEN.parent.mkdir(mode=0o700, exist_ok=True)
+    TOKEN.touch(mode=0o600)
+    TOKEN.write_text(secrets.token_hex(32))
 
 from ray.cluster_utils import Cluster  # noqa: E402
 

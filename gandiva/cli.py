@@ -398,13 +398,6 @@ def server(
     nodes: Any = None
     if root and backend == "local":  # the agent in a root daemon, the server off root
         nodes = _separate(home, db, service_user, slots, hang_after, checkpoint_every)
-    store = Store(db or str(home / "gandiva.db"))
-    from gandiva.server.tenancy import Tenancy
-
-    try:
-        tenancy = Tenancy.for_server(store, backend, shared_account, root, nodes)
-    except SystemExit as e:
-        raise fail(str(e)) from None
     if backend == "hollow":
         from gandiva.backends.hollow import HollowNodes
         try:
@@ -418,9 +411,19 @@ def server(
             raise fail("the ray backend needs Ray: pip install 'gandiva[ray]'") from None
         try:
             nodes = RayNodes(home / "run", address=ray_address,
-                             checkpoint_every_s=checkpoint_every)
+                             checkpoint_every_s=checkpoint_every, users=home / "users")
         except (RuntimeError, ConnectionError) as e:
             raise fail(f"ray: {e}") from None
+        root = nodes.root  # the raylets' account, not the server's, runs the jobs
+    store = Store(db or str(home / "gandiva.db"))
+    from gandiva.server.tenancy import Tenancy
+
+    try:
+        tenancy = Tenancy.for_server(store, backend, shared_account, root, nodes)
+    except SystemExit as e:
+        if nodes is not None and backend == "ray":
+            nodes.close()
+        raise fail(str(e)) from None
     loop_backend = Driver(pol, home / "run", slots=slots, hang_s=hang_after,
                           checkpoint_every_s=checkpoint_every, nodes=nodes)
     service = Service(store, loop_backend, home,

@@ -4,8 +4,10 @@ for this file."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
+import secrets
 import signal
 import threading
 import time
@@ -14,9 +16,13 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
-os.environ.update({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"})
+# Ray's token authentication on, as gandiva wants it where node agents run as root (the
+# cluster and this driver take the token from the environment)
+os.environ.update({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
+                   "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)})
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
+from serving import passable  # noqa: E402
 from test_runtime import EXAMPLES, SMALL, assert_identical, reference  # noqa: E402
 from waiting import until  # noqa: E402
 
@@ -24,6 +30,7 @@ from gandiva import actions as A  # noqa: E402
 from gandiva.backends.driver import Driver  # noqa: E402
 from gandiva.backends.ray import RayNodes  # noqa: E402
 from gandiva.job import checkpoint  # noqa: E402
+from gandiva.node import accounts  # noqa: E402
 from gandiva.node.agent import Launch  # noqa: E402
 from gandiva.policies import make_policy  # noqa: E402
 from gandiva.spec import JobSpec  # noqa: E402
@@ -123,7 +130,8 @@ def nodes(pool, tmp_path_factory):
     running after it are killed."""
     if "nodes" not in pool:
         pool["nodes"] = warm(RayNodes(tmp_path_factory.mktemp("ray") / "head",
-                                      checkpoint_every_s=0.5))
+                                      checkpoint_every_s=0.5,
+                                      users=tmp_path_factory.mktemp("home") / "users"))
     n = pool["nodes"]
     n.events = _Fresh(set(n.launches))
     yield _Lent(n)
@@ -282,6 +290,66 @@ def test_a_crashed_rank_restarts_its_whole_gang_and_the_gang_moves_as_one(nodes,
     moved = (node_checkpoints(nodes, 2, "g").parent / "rank2.log").read_text()
     assert "restored from checkpoint" in moved  # a node it never ran on, from rank 0's file
     assert_identical(checkpoint.latest(node_checkpoints(nodes, 1, "g"))[1], ref)
+
+
+# A job that says who it runs as, what of Ray's environment it has, and whether it can read
+# its node agent's (which holds the cluster's token)
+OWN = """\
+import json, os, time
+import torch
+import gandiva.job as gj
+
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+try:
+    open(f"/proc/{os.environ['AGENT']}/environ").read()
+    token = "read"
+except OSError as e:
+    token = type(e).__name__
+print("AS", json.dumps({"uid": status["Uid"].split(), "token": token,
+                        "ray": sorted(k for k in os.environ if k.startswith("RAY_"))}),
+      flush=True)
+job = gj.init()
+job.register(model=torch.nn.Linear(2, 2))
+for step in job.steps(400):
+    time.sleep(0.02)
+"""
+
+
+def test_a_root_cluster_runs_each_job_as_its_account_and_moves_it_with_its_checkpoints(
+        nodes, root):
+    """Node agents run as root (as their raylets) with Ray's token authentication on: a job
+    runs as its user's account, has nothing of Ray's, cannot read the token; moved to
+    another node, it resumes from checkpoints that are its account's there too. A job
+    whose account that node lacks fails, naming it."""
+    assert nodes.root and nodes.token_auth
+    uid = accounts.DYNAMIC_UIDS[-7]
+    base = nodes.users_dir / "ada"
+    account = accounts.dynamic(uid, str(base))
+    nodes.settle("ada", base, account)
+    for place in (base, nodes.workdir):  # (pytest's directories above them are 0700)
+        passable(place)
+    (base / "own.py").write_text(OWN)
+    own = Launch(["{python}", "own.py"], cwd=base, account=account, env={
+        "AGENT": str(nodes.infos[0]["pid"])})
+    nodes.start("own", own, (0,))
+    wait(lambda: checkpoint.steps(node_checkpoints(nodes, 0, "own")), what="a checkpoint")
+    nodes.restart("own", (3,))  # to node 1
+    ev = nodes.events.get(timeout=180)
+    while ev.kind in ("profile", "started"):
+        ev = nodes.events.get(timeout=180)
+    assert (ev.kind, ev.job_id) == ("done", "own"), ev
+    log = nodes.read_log("own").decode()
+    said = [json.loads(line[3:]) for line in log.splitlines() if line.startswith("AS ")]
+    assert said and all(s == {"uid": [str(uid)] * 4, "token": "PermissionError", "ray": []}
+                        for s in said), log
+    assert "restored from checkpoint at step" in log
+    moved = node_checkpoints(nodes, 1, "own")
+    assert {p.stat().st_uid for p in moved.iterdir()} == {uid}  # installed, then its own
+    missing = accounts.Account(uid - 1, uid - 1, name="gandiva-no-such-account")
+    nodes.start("lost", Launch(["{python}", "own.py"], cwd=base, account=missing), (0,))
+    ev = nodes.events.get(timeout=60)
+    assert (ev.kind, ev.job_id) == ("failed", "lost"), ev
+    assert "'gandiva-no-such-account' does not exist on this node" in ev.data["reason"]
 
 
 def test_a_move_whose_destination_cannot_take_it_fails_with_the_reason(nodes):

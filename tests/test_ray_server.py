@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("torch")
 import httpx2  # noqa: E402
-from serving import GANDIVA, add_user, free_port, stop  # noqa: E402
+from serving import GANDIVA, add_user, free_port, passable, stop  # noqa: E402
 from waiting import until  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -29,8 +29,11 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.slow,
 
 
 def test_the_readme_workload_on_a_ray_cluster(tmp_path):
+    """(Run as root, the node agents are too: each job runs as its user's account, and Ray's
+    token, which the example makes in HOME, keeps jobs off the cluster.)"""
+    env = {**RAY_ENV, "HOME": str(tmp_path)}  # the token's, for the cluster and the server
     ray_cluster = subprocess.Popen([sys.executable, str(EXAMPLES / "ray_local_cluster.py"),
-                                    "--nodes", "3", "--gpus", "2"], env=RAY_ENV,
+                                    "--nodes", "3", "--gpus", "2"], env=env,
                                    stdout=subprocess.PIPE, text=True)
     server = None
     try:
@@ -38,11 +41,13 @@ def test_the_readme_workload_on_a_ray_cluster(tmp_path):
         assert address, "the Ray cluster did not start"
         home, port = tmp_path / "gandiva-home", free_port()
         token = add_user(home, "ada", admin=True)
+        passable(home)  # (pytest's directories above it are 0700)
+        assert (tmp_path / ".ray" / "auth_token").stat().st_mode & 0o077 == 0
         log = (tmp_path / "server.log").open("w")
         server = subprocess.Popen([*GANDIVA, "server", "--home", str(home), "--port", str(port),
                                    "--backend", "ray", "--ray-address", address,
                                    "--policy", "slicer:quantum=5", "--checkpoint-every", "5"],
-                                  env=RAY_ENV, stdout=log, stderr=subprocess.STDOUT)
+                                  env=env, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         api = httpx2.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
                             timeout=10)
@@ -53,6 +58,8 @@ def test_the_readme_workload_on_a_ray_cluster(tmp_path):
             except httpx2.TransportError:
                 return False
         until(up, 180, "the server", alive=lambda: server.poll() is None, every=0.2)
+        tenancy = httpx2.get(f"{url}/readyz").json()["tenancy"]
+        assert tenancy.startswith("root" if os.geteuid() == 0 else "shared"), tenancy
         for script in ("cnn.py", "elastic_mlp.py"):
             shutil.copy(EXAMPLES / script, home / "users" / "ada" / script)
         env = {**os.environ, "GANDIVA_CONFIG": str(tmp_path / "client.yaml")}

@@ -392,3 +392,72 @@ def test_a_checkpoint_is_loaded_as_data_never_as_code_and_the_librarys_own_state
     assert "builtins.getattr, pathlib" in str(refused.value)  # (how it names Path.write_text)
     assert "add_safe_globals" in str(refused.value)  # what to do, if it is meant
     assert not proof.exists()
+
+
+# ---- a job's checkpoints, read and written by a privileged agent (a root Ray node's) ---------
+def test_a_privileged_reader_of_a_jobs_checkpoints_follows_no_link_and_takes_only_its_files(
+        tmp_path):
+    """What a root agent hands on of a job's checkpoints (to the head, to another node):
+    never a file a link in the job's directory points at, one of another owner, or a FIFO
+    it would wait on."""
+    from gandiva.job import checkpoint
+
+    directory, secret = tmp_path / "checkpoints", tmp_path / "secret"
+    secret.write_bytes(b"root's own")
+    mine = os.geteuid()
+    for step in (1, 2):
+        data = f"step {step}".encode()
+        checkpoint.install(directory, step, data, checkpoint.sha256(data))
+    newest = checkpoint.path(directory, 2)
+    newest.unlink()
+    newest.symlink_to(secret)  # the job put a link in place of its newest checkpoint
+    digest = newest.with_name(newest.name + checkpoint.DIGEST)
+    digest.write_text(checkpoint.sha256(b"root's own") + "\n")  # (a digest it could know)
+    fifo = checkpoint.path(directory, 3)
+    os.mkfifo(fifo)  # and one that would hold a reader that waits
+    fifo.with_name(fifo.name + checkpoint.DIGEST).write_text(checkpoint.sha256(b"") + "\n")
+    assert checkpoint.newest_file(directory, mine)[:2] == (1, b"step 1")
+    step, data, _ = checkpoint.mapped(directory, mine)
+    assert (step, bytes(data)) == (1, b"step 1")
+    assert checkpoint.newest_file(directory, mine + 1) is None  # none of them is uid+1's
+    assert checkpoint.mapped(directory, mine + 1) is None
+
+
+def test_a_checkpoint_installed_in_a_jobs_directory_writes_through_no_link_planted_there(
+        tmp_path):
+    from gandiva.job import checkpoint
+
+    directory, victim = tmp_path / "checkpoints", tmp_path / "victim"
+    directory.mkdir()
+    victim.write_text("untouched")
+    scratch = checkpoint._scratch_name(directory, 5).with_suffix(f".{os.getpid()}.in")
+    for name in (scratch, scratch.with_name(scratch.name + checkpoint.DIGEST)):
+        name.symlink_to(victim)  # the names the agent writes under, first
+    checkpoint.install(directory, 5, b"five", checkpoint.sha256(b"five"))
+    assert victim.read_text() == "untouched"
+    assert checkpoint.newest_file(directory, os.geteuid())[:2] == (5, b"five")
+
+
+def test_on_ray_the_agents_account_decides_and_root_agents_need_token_authentication(tmp_path):
+    """Root node agents (their raylets root) run each job as its user's account, but only
+    with Ray's token authentication on: without it any process that reaches the cluster
+    could call them. Non-root agents run every job as their own account: shared, and said."""
+    from types import SimpleNamespace
+
+    from gandiva.server.store import Store
+    from gandiva.server.tenancy import ROOT, SHARED, Tenancy
+
+    store = Store(str(tmp_path / "g.db"))
+    open_cluster = SimpleNamespace(token_auth=False, infos=[{"uid": 0}])
+    with pytest.raises(SystemExit, match="RAY_AUTH_MODE=token"):
+        Tenancy.for_server(store, "ray", False, True, open_cluster)
+    closed = SimpleNamespace(token_auth=True, infos=[{"uid": 0}])
+    assert Tenancy.for_server(store, "ray", False, True, closed).mode == ROOT
+    theirs = SimpleNamespace(token_auth=True, infos=[{"uid": 65534}])
+    shared = Tenancy.for_server(store, "ray", False, False, theirs)
+    assert shared.mode == SHARED and "not root" in shared.why
+    for user in ("erin", "frank"):
+        store.add_user(user, admin=False)
+    with pytest.raises(SystemExit, match="--shared-account"):
+        Tenancy.for_server(store, "ray", False, False, theirs)
+    assert Tenancy.for_server(store, "ray", True, False, theirs).mode == SHARED

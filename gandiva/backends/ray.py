@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import sys
 import threading
 import time
@@ -59,6 +60,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noq
 from gandiva.backends.driver import detect_devices  # noqa: E402
 from gandiva.backends.nodes import AgentEvent, Launch  # noqa: E402
 from gandiva.job import checkpoint  # noqa: E402
+from gandiva.node import accounts  # noqa: E402
+from gandiva.node.accounts import Account  # noqa: E402
 from gandiva.node.agent import Agent, Gang, rank_logs  # noqa: E402
 from gandiva.state import GPU, Cluster, Node  # noqa: E402
 
@@ -73,16 +76,19 @@ LOG_CHUNK_BYTES = 1 << 20  # of a rank's output, a poll carries at most this: bo
 class NodeAgent:
     """The ``Agent`` of one Ray node, and what it reports to the head."""
 
-    def __init__(self, workdir: str, slots: int, threads: int, checkpoint_every_s: float,
-                 max_restarts: int) -> None:
+    def __init__(self, workdir: str, users: str | None, slots: int, threads: int,
+                 checkpoint_every_s: float, max_restarts: int) -> None:
         # Ray set CUDA_VISIBLE_DEVICES to the GPUs this actor claimed; without CUDA, the
         # claimed GPU resources become as many CPU slots
         devices, kind, memory = detect_devices(slots, threads)
         self.agent = Agent(Path(workdir), devices, threads=threads, memory_gb=memory,
                            checkpoint_every_s=checkpoint_every_s, max_restarts=max_restarts)
+        self.users = Path(users) if users is not None else None
         self.about = {"node_id": ray.get_runtime_context().get_node_id(),
                       "ip": ray.util.get_node_ip_address(), "devices": devices, "kind": kind,
-                      "memory_gb": memory, "pid": os.getpid()}
+                      "memory_gb": memory, "pid": os.getpid(), "uid": os.geteuid(),
+                      "token_auth": _token_auth()}
+        self.owners: dict[str, int] = {}  # job -> the uid its checkpoints must belong to
         self.copied: dict[str, int] = {}  # the newest checkpoint step copied to the head
         self.sent: dict[tuple[str, int], int] = {}  # (job, rank) -> bytes of its log sent
         self.logging: set[str] = set()  # jobs whose output may not all be at the head yet
@@ -95,8 +101,12 @@ class NodeAgent:
               ckpt: tuple[int, Any] | None = None, gang: Gang | None = None) -> None:
         """Start the job (this node's part of it) from ``ckpt``, the newest checkpoint, if
         it came from elsewhere."""
-        if ckpt is not None:
-            checkpoint.install(self.agent.checkpoint_dir(job_id), *ckpt, transit=True)
+        account = launch.account
+        self.owners[job_id] = account.uid if account is not None else os.geteuid()
+        # (an account this node cannot run: the agent fails the job, naming why)
+        if ckpt is not None and (account is None or accounts.problem(account) is None):
+            checkpoint.install(self.agent.checkpoint_dir(job_id), *ckpt, transit=True,
+                               owner=account)
             self.copied[job_id] = ckpt[0]  # it came from a node that keeps it, or the head
         for rank, path in rank_logs(self.agent.job_dir(job_id)):  # an earlier agent's
             self.sent.setdefault((job_id, rank), path.stat().st_size)  # (it sent it)
@@ -110,7 +120,7 @@ class NodeAgent:
     def newest(self, job_id: str) -> tuple[int, Any, str] | None:
         """The job's newest checkpoint file, to hand on; mapped, not read: Ray copies it
         from the page cache into the object store once."""
-        return checkpoint.mapped(self.agent.checkpoint_dir(job_id))
+        return checkpoint.mapped(self.agent.checkpoint_dir(job_id), self._owner(job_id))
 
     def suspend(self, job_id: str) -> None:
         self.agent.suspend(job_id)
@@ -157,7 +167,7 @@ class NodeAgent:
             directory = self.agent.checkpoint_dir(job_id)
             if max(checkpoint.steps(directory), default=-1) <= self.copied.get(job_id, -1):
                 continue  # (a directory listing: reading the file each poll cost a core)
-            newest = checkpoint.newest_file(directory)
+            newest = checkpoint.newest_file(directory, self._owner(job_id))
             if newest is not None and newest[0] > self.copied.get(job_id, -1):
                 self.copied[job_id] = newest[0]
                 out.append(("checkpoint", job_id, {"step": newest[0], "data": newest[1],
@@ -166,6 +176,25 @@ class NodeAgent:
 
     def close(self) -> None:
         self.agent.close()
+
+    def settle(self, name: str, account: Account) -> None:
+        """The user ``name``'s base directory made ``account``'s (see ``accounts.settle``):
+        one of the users' directories, never another path."""
+        accounts.settle(self._base(name, account), account)
+
+    def can_run(self, name: str, account: Account) -> str | None:
+        return (accounts.problem(account)
+                or accounts.can_run(account, self._base(name, account)))
+
+    def _base(self, name: str, account: Account) -> Path:
+        if self.users is None or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+            raise ValueError(f"no user directory {name!r} here")
+        if account.uid <= 0 or account.gid <= 0:
+            raise ValueError("no job runs as root")
+        return self.users / name
+
+    def _owner(self, job_id: str) -> int:
+        return self.owners.get(job_id, os.geteuid())
 
     def _new_output(self) -> list[tuple[str, str, dict]]:
         """Each rank's output since the last call (up to ``LOG_CHUNK_BYTES``), of the jobs
@@ -196,14 +225,16 @@ class RayNodes:
 
     def __init__(self, workdir: Path, address: str | None = None, threads: int = 1,
                  checkpoint_every_s: float = 300.0, max_restarts: int = 3,
-                 silent_s: float = SILENT_S) -> None:
+                 silent_s: float = SILENT_S, users: Path | None = None) -> None:
         if not ray.is_initialized():
+            _token_if_kept()
             ray.init(address=address, logging_level="warning", log_to_driver=False)
         self.workdir = Path(workdir).resolve()
         self.replicas = self.workdir / "replicas"
         self.logs = self.workdir / "logs"
         self.max_restarts = max_restarts
         self.silent_s = silent_s
+        self.users_dir = Path(users).resolve() if users is not None else None  # shared
         self._agent_args = (threads, checkpoint_every_s, max_restarts)
         self.actors: list = []
         self.infos: list[dict[str, Any]] = []
@@ -255,6 +286,29 @@ class RayNodes:
                 ids.append(gpus[-1].id)
             nodes.append(Node(i, 0, ids))
         return Cluster(nodes, gpus)
+
+    @property
+    def root(self) -> bool:
+        """Every node agent runs as root (as its raylet does): each can run a job as its
+        user's account."""
+        return all(info["uid"] == 0 for info in self.infos)
+
+    @property
+    def token_auth(self) -> bool:
+        """Ray's token authentication is on for every node's processes: a process that does
+        not hold the cluster's token (a job's) cannot call the agents."""
+        return all(info["token_auth"] for info in self.infos)
+
+    def settle(self, name: str, base: Path, account: Account) -> None:
+        """(Tenancy's node.) A user's directory, on the file system the nodes share, made
+        its account's, by a node agent (root; the server on the head need not be)."""
+        self._call(self._any(), "settle", name, account)
+
+    def can_run(self, name: str, base: Path, account: Account) -> str | None:
+        return self._call(self._any(), "can_run", name, account)
+
+    def _any(self) -> int:
+        return next((i for i, up in enumerate(self.alive) if up), 0)
 
     # ---- the Agent interface ------------------------------------------------------------
     def start(self, job_id: str, launch: Launch, devices: tuple[int, ...]) -> None:
@@ -357,7 +411,8 @@ class RayNodes:
         actor = NodeAgent.options(
             num_gpus=gpus, name=f"gandiva-agent-{n['NodeID'][:12]}",
             scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
-        ).remote(str(self.workdir / f"node-{n['NodeID'][:12]}"), gpus, *self._agent_args)
+        ).remote(str(self.workdir / f"node-{n['NodeID'][:12]}"),
+                 self.users_dir and str(self.users_dir), gpus, *self._agent_args)
         try:
             info = ray.get(actor.info.remote(), timeout=AGENT_START_S)
         except ray.exceptions.RayError:
@@ -625,6 +680,28 @@ class RayNodes:
                     self._part_ended(node, kind, job_id, data)
                 else:
                     self.events.put(AgentEvent(kind, job_id, data))
+
+
+def _token_if_kept() -> None:
+    """Use Ray's token where Ray keeps it (``~/.ray/auth_token``, or ``RAY_AUTH_TOKEN[_PATH]``)
+    unless ``RAY_AUTH_MODE`` says otherwise: Ray does so only for ``address="auto"``, and a
+    server given a cluster's address would otherwise be refused by it."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # a Ray without token authentication
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def _token_auth() -> bool:
+    """Whether this process (a node agent: its raylet's environment) requires Ray's token."""
+    try:
+        from ray._raylet import AuthenticationMode, get_authentication_mode
+    except ImportError:  # a Ray without token authentication
+        return False
+    return bool(get_authentication_mode() == AuthenticationMode.TOKEN)
 
 
 def _gpu_nodes() -> list[dict[str, Any]]:

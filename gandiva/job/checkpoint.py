@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -136,13 +137,14 @@ def commit(directory: Path, step: int, written: Path) -> Path:
         raise _failed(directory, step, written, e) from e
 
 
-def _place(directory: Path, step: int, tmp: Path, digest: str, durable: bool) -> Path:
+def _place(directory: Path, step: int, tmp: Path, digest: str, durable: bool,
+           owner: Any = None) -> Path:
     """Digest first, then the file, then the directory; prune all but the newest ``KEEP``."""
     final = path(directory, step)
     dtmp = tmp.with_name(tmp.name + DIGEST)
-    with open(dtmp, "w") as f:
-        f.write(f"{digest}  {final.name}\n")  # sha256sum's format: `sha256sum -c` checks it
-        if durable:
+    with _create(dtmp, owner) as f:
+        f.write(f"{digest}  {final.name}\n".encode())  # sha256sum's format: `sha256sum -c`
+        if durable:                                    # checks it
             f.flush()
             os.fsync(f.fileno())
     os.replace(dtmp, _digest_path(final))
@@ -155,12 +157,40 @@ def _place(directory: Path, step: int, tmp: Path, digest: str, durable: bool) ->
     return final
 
 
-def recorded_digest(file: Path) -> str | None:
-    """The digest recorded beside ``file``, if there is one."""
+def recorded_digest(file: Path, owner: int | None = None) -> str | None:
+    """The digest recorded beside ``file``, if there is one (``owner``: see ``_open``)."""
     try:
-        return _digest_path(file).read_text().split()[0]
-    except (OSError, IndexError):
+        with _open(_digest_path(file), owner) as f:
+            return f.read(1024).decode().split()[0]
+    except (OSError, IndexError, UnicodeDecodeError):
         return None
+
+
+# ---- files a job can write, opened by a privileged process (a root node agent) ------------
+
+def _open(file: Path, owner: int | None) -> Any:
+    """``file`` opened to read, if it is a regular file (no link followed, no FIFO waited
+    on) owned by uid ``owner`` (None: by anyone); else ``OSError``. A job's checkpoints
+    directory is its own: a root agent that read a link there would hand the job what it
+    points at."""
+    fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or (owner is not None and info.st_uid != owner):
+        os.close(fd)
+        raise PermissionError(f"{file}: not a regular file of uid {owner}")
+    return open(fd, "rb")
+
+
+def _create(file: Path, owner: Any = None) -> Any:
+    """``file`` made anew, to write (whatever was at the name, a link too, is gone first,
+    and none is followed), and given to ``owner`` (an ``Account``: its uid and gid), where
+    this process may."""
+    file.unlink(missing_ok=True)
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    if owner is not None and os.geteuid() == 0:
+        os.fchown(fd, owner.uid, owner.gid)
+    return open(fd, "wb")
 
 
 def verify(file: Path) -> None:
@@ -243,39 +273,43 @@ def latest(directory: Path) -> tuple[int, dict[str, Any]] | None:
 
 # ---- moving a checkpoint to another node: (step, file contents, digest) ----------------------
 
-def newest_file(directory: Path) -> tuple[int, bytes, str] | None:
-    """The newest checkpoint's step, bytes and digest, checked whole."""
+def newest_file(directory: Path, owner: int | None = None) -> tuple[int, bytes, str] | None:
+    """The newest checkpoint's step, bytes and digest, checked whole; with ``owner``, only
+    regular files of that uid (see ``_open``)."""
     for step in steps(directory):
         file = path(directory, step)
         try:
-            data = file.read_bytes()
+            with _open(file, owner) as f:
+                data = f.read()
         except OSError:
             continue
-        digest = recorded_digest(file)
+        digest = recorded_digest(file, owner)
         if digest is not None and sha256(data) == digest:
             return step, data, digest
     return None
 
 
-def mapped(directory: Path) -> tuple[int, Any, str] | None:
+def mapped(directory: Path, owner: int | None = None) -> tuple[int, Any, str] | None:
     """The newest checkpoint's step, file mapped into memory, and recorded digest, not
-    checked: to hand it on to a job that is about to restore it, which checks it then."""
+    checked: to hand it on to a job that is about to restore it, which checks it then
+    (``owner``: as in ``newest_file``)."""
     import numpy as np
 
     for step in steps(directory):
         file = path(directory, step)
-        digest = recorded_digest(file)
+        digest = recorded_digest(file, owner)
         if digest is None:
             continue
         try:
-            return step, np.memmap(file, dtype=np.uint8, mode="r"), digest
+            with _open(file, owner) as f:
+                return step, np.memmap(f, dtype=np.uint8, mode="r"), digest
         except (OSError, ValueError):
             continue
     return None
 
 
 def install(directory: Path, step: int, data: Any, digest: str,
-            transit: bool = False) -> Path:
+            transit: bool = False, owner: Any = None) -> Path:
     """Put a checkpoint that came from elsewhere in place, as atomically as ``save``;
     ``ValueError`` if it arrived torn.
 
@@ -283,14 +317,17 @@ def install(directory: Path, step: int, data: Any, digest: str,
     (a migration). Decision: it is neither checked nor made durable here: the job checks
     it as it reads it (a torn copy is set aside, as any), and if this machine crashes, the
     job restores from the source's file instead. A 1 GB checkpoint saves about 0.6 s of
-    hashing and 0.3 s of fsync, of a move's ~5 s (benchmarks/ray_migration.py)."""
+    hashing and 0.3 s of fsync, of a move's ~5 s (benchmarks/ray_migration.py).
+
+    ``owner``: the ``Account`` of the job whose directory it is, whose files these become
+    (a root agent writes them; nothing the job put at their names is followed)."""
     if not transit and sha256(data) != digest:
         raise ValueError(f"checkpoint of step {step} arrived torn (checksum mismatch)")
     directory.mkdir(parents=True, exist_ok=True)
     tmp = _scratch_name(directory, step).with_suffix(f".{os.getpid()}.in")
-    with open(tmp, "wb") as f:
+    with _create(tmp, owner) as f:
         f.write(data)
         if not transit:
             f.flush()
             os.fsync(f.fileno())
-    return _place(directory, step, tmp, digest, durable=not transit)
+    return _place(directory, step, tmp, digest, durable=not transit, owner=owner)

@@ -5,8 +5,8 @@ Two modes, chosen by who runs the server (``Tenancy.for_server``):
   (``gandiva user add NAME --os-user ACCOUNT``), else the user's dynamic uid (stored with
   the user; see ``gandiva.node.accounts``). Never as root. A user's base directory is that
   account's (0700), under parents others may pass but not list (0711).
-- **shared account**: the server is not root (or its jobs run on Ray nodes it does not
-  start as root): every job runs as the server's own account, so every user's job can
+- **shared account**: the server is not root (or, on Ray, the node agents are not): every
+  job runs as the server's own account (the agents'), so every user's job can
   reach every other user's files and the server's state. With more than one non-admin
   user that must be said explicitly: ``--shared-account``, or the server refuses to start.
 """
@@ -55,18 +55,33 @@ class Tenancy:
             if os.geteuid() != 0:
                 why += f", the server as {me}, its node daemon as root"
             return cls(ROOT, why, node)
-        if root:
+        if root and backend == "ray":
+            if not node.token_auth:
+                raise SystemExit(
+                    "the Ray cluster's node agents run as root, and Ray's token "
+                    "authentication is off: any process that reaches the cluster, a job's "
+                    "too, could call them and run as anyone. Start Ray with "
+                    "RAY_AUTH_MODE=token (and the token in ~/.ray/auth_token or "
+                    "RAY_AUTH_TOKEN_PATH, for the server too)")
+            return cls(ROOT, "the Ray cluster's node agents run as root (token "
+                       "authentication on): every job runs as its user's account", node)
+        if backend == "ray":
+            why = (f"the Ray cluster's node agents run as {_name(node.infos[0]['uid'])}, not "
+                   "root: every job runs as that account, and every user can reach every "
+                   "other user's files")
+        elif root:
             why = (f"the {backend} backend: every job runs as the account of the process that "
                    "starts it, and every user can reach every other user's files")
         else:
             why = (f"the server runs as {me}, not root: every job runs as {me}, and every "
                    "user can reach every other user's files and the server's state")
         others = [u.name for u in store.users() if not u.admin and u.revoked_at is None]
-        if len(others) > 1 and not shared_account and backend == "local":
+        if len(others) > 1 and not shared_account and backend in ("local", "ray"):
             raise SystemExit(
                 f"{len(others)} non-admin users ({', '.join(others[:5])}) and {why}. Start "
-                "the server as root (each user's jobs then run as that user's account), or "
-                "say that this is meant with --shared-account")
+                f"{'the Ray nodes' if backend == 'ray' else 'the server'} as root (each "
+                "user's jobs then run as that user's account), or say that this is meant "
+                "with --shared-account")
         return cls(SHARED, why)
 
     @property
