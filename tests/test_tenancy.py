@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 from serving import running  # noqa: E402
 from waiting import until  # noqa: E402
 
-from gandiva.node.accounts import DYNAMIC_UIDS, SERVICE_UID  # noqa: E402
+from gandiva.node.accounts import DYNAMIC_UIDS, SERVICE_UID, processes_allowed  # noqa: E402
 
 SECRET = "hunter2-not-for-jobs"
 # a job that writes down all it can see of environments: its own, as Python and as the
@@ -102,9 +102,16 @@ for step in job.steps(1_000_000):
 # What another user's job tries: each attempt's outcome ("reached" or the error it met), and
 # what the kernel says of the job itself
 SPY_ON = """\
-import json, os
+import json, os, resource
 aim = json.loads(os.environ["AIM"])
 own = aim["jobs"] + "/" + os.environ["GANDIVA_JOB_ID"]  # its own job's directory, the agent's
+
+
+def raise_limit():
+    try:
+        resource.setrlimit(resource.RLIMIT_NPROC, (resource.RLIM_INFINITY,) * 2)
+    except ValueError as e:  # (how Python says EPERM here)
+        raise PermissionError(e)
 
 tries = {
     "read their file": lambda: open(aim["base"] + "/private.txt").read(),
@@ -124,6 +131,7 @@ tries = {
     "enter their TMPDIR, where their ranks meet": lambda: os.listdir(aim["tmp"]),
     "replace its own log": lambda: os.symlink("/etc/shadow", own + "/rank9.log"),
     "replace its own pid file": lambda: os.replace(own + "/pids", own + "/pids.old"),
+    "raise its process limit": raise_limit,
 }
 seen = {}
 for name, attempt in tries.items():
@@ -135,6 +143,7 @@ for name, attempt in tries.items():
 status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
 seen["status"] = {k: status[k].split() for k in ("Uid", "Gid", "Groups", "CapPrm", "CapEff")}
 seen["status"]["oom_score_adj"] = open("/proc/self/oom_score_adj").read().split()
+seen["status"]["processes"] = list(resource.getrlimit(resource.RLIMIT_NPROC))
 seen["secret in environment"] = any(aim["secret"] in v for k, v in os.environ.items()
                                     if k != "AIM")  # (where the test told it the secret)
 print("SPY", json.dumps(seen), flush=True)
@@ -246,6 +255,7 @@ def test_a_root_server_runs_each_job_as_its_users_account_and_nothing_else_is_re
         assert status["Groups"] == [str(g) for g in os.getgrouplist(bob, bob_entry.pw_gid)]
         assert status["CapPrm"] == status["CapEff"] == ["0000000000000000"], (how, status)
         assert status["oom_score_adj"] == ["500"], (how, status)  # killed first
+        assert status["processes"] == [processes_allowed()] * 2, (how, status)  # its account's
     ada_uid = pwd.getpwnam(ada).pw_uid
     assert keeper["uid"] == ada_uid
     assert (srv.user_dir("alice") / "private.txt").stat().st_uid == ada_uid
@@ -430,11 +440,13 @@ def test_a_checkpoint_installed_in_a_jobs_directory_writes_through_no_link_plant
     directory, victim = tmp_path / "checkpoints", tmp_path / "victim"
     directory.mkdir()
     victim.write_text("untouched")
-    scratch = checkpoint._scratch_name(directory, 5).with_suffix(f".{os.getpid()}.in")
+    scratch = directory / f".ckpt-{5:012d}.pt.{os.getpid()}.in"  # (its name while written)
     for name in (scratch, scratch.with_name(scratch.name + checkpoint.DIGEST)):
         name.symlink_to(victim)  # the names the agent writes under, first
     checkpoint.install(directory, 5, b"five", checkpoint.sha256(b"five"))
     assert victim.read_text() == "untouched"
+    assert not any(name.is_symlink() for name in (  # (they were the names it wrote under)
+        scratch, scratch.with_name(scratch.name + checkpoint.DIGEST)))
     assert checkpoint.newest_file(directory, os.geteuid())[:2] == (5, b"five")
 
 

@@ -227,9 +227,9 @@ def read(file: Path) -> dict[str, Any]:
     except pickle.UnpicklingError as err:
         unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(file)
         raise ValueError(
-            f"{file}: holds {', '.join(unsafe) or 'objects'} besides tensors, numbers, strings "
-            "and containers, which gandiva loads only where the script allows them by name: "
-            "call torch.serialization.add_safe_globals([...]) with those types before "
+            f"{file}: holds {', '.join(sorted(unsafe)) or 'objects'} besides tensors, numbers, "
+            "strings and containers, which gandiva loads only where the script allows them by "
+            "name: call torch.serialization.add_safe_globals([...]) with those types before "
             f"gj.init() ({str(err).splitlines()[-1][:200]})") from None
 
 

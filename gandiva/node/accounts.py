@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import pwd
+import resource
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -86,11 +87,13 @@ def problem(account: Account, root: bool | None = None) -> str | None:
 
 def drop(account: Account, dumpable: bool = True) -> None:
     """Become ``account`` for good (real, effective and saved ids; the supplementary groups
-    replaced): root's capabilities go with uid 0. Then, ``dumpable``, the process may be
-    traced and read through /proc by its own user again (setuid cleared that), as any
-    process of theirs; else by root alone (a server's, which holds secrets)."""
+    replaced): root's capabilities go with uid 0, and the account's processes on this node
+    are bounded (``limit_processes``). Then, ``dumpable``, the process may be traced and
+    read through /proc by its own user again (setuid cleared that), as any process of
+    theirs; else by root alone (a server's, which holds secrets)."""
     if (os.getuid(), os.getgid()) == (account.uid, account.gid) and os.geteuid() != 0:
         return  # already (the agent's own account)
+    limit_processes()
     os.setgroups(list(account.groups))
     os.setresgid(account.gid, account.gid, account.gid)
     os.setresuid(account.uid, account.uid, account.uid)
@@ -103,6 +106,48 @@ def drop(account: Account, dumpable: bool = True) -> None:
             raise RuntimeError("dropped privileges came back")
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0)
+
+
+def processes_allowed() -> int:
+    """How many processes and threads one account may have at once on this node (all its
+    jobs together): a quarter of what the kernel holds, so that no user's jobs fill the
+    process table (a fork bomb meets EAGAIN; the agent, the server and others go on)."""
+    try:
+        held = min(int(Path(f"/proc/sys/kernel/{name}").read_text())
+                   for name in ("pid_max", "threads-max"))
+    except (OSError, ValueError):
+        return MIN_PROCESSES
+    return max(MIN_PROCESSES, held // 4)
+
+
+MIN_PROCESSES = 1024
+
+
+def limit_processes() -> None:
+    """Bound this process and what it starts to ``processes_allowed`` processes of its real
+    uid (RLIMIT_NPROC, soft and hard: no way back up without root)."""
+    allowed = processes_allowed()
+    _, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    if hard == resource.RLIM_INFINITY or hard > allowed:
+        resource.setrlimit(resource.RLIMIT_NPROC, (allowed, allowed))
+
+
+# a cold start as another account goes through this, which bounds its processes as ``drop``
+# does a warm one's, then becomes the job's program (nothing of the job's runs before):
+# ``python -I -S -c LIMITED N PROGRAM ARGS`` (``cold_command``)
+LIMITED = ("import os, resource, sys\n"
+           "n, hard = int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_NPROC)[1]\n"
+           "n = n if hard == resource.RLIM_INFINITY else min(n, hard)\n"
+           "resource.setrlimit(resource.RLIMIT_NPROC, (n, n))\n"
+           "try:\n"
+           "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+           "except OSError as e:\n"
+           "    sys.exit(f'cannot start {sys.argv[2]!r}: {e}')\n")
+
+
+def cold_command(command: list[str], python: str) -> list[str]:
+    """``command`` started as another account: its processes bounded first (``LIMITED``)."""
+    return [python, "-I", "-S", "-c", LIMITED, str(processes_allowed()), *command]
 
 
 def chown(path: os.PathLike[str] | str, account: Account | None, mode: int) -> None:

@@ -529,12 +529,14 @@ class Agent:
                 ours, theirs = socket.socketpair()
                 env["GANDIVA_CONTROL_FD"] = str(theirs.fileno())
                 who: dict[str, Any] = {}
+                cold = _cold(command, self.python)
                 if account is not None and os.geteuid() == 0:
                     who = {"user": account.uid, "group": account.gid,
                            "extra_groups": list(account.groups)}
+                    cold = accounts.cold_command(cold, self.python)
                 try:
                     proc = subprocess.Popen(
-                        _cold(command, self.python), cwd=cwd, env=env, stdout=log,
+                        cold, cwd=cwd, env=env, stdout=log,
                         stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),),
                         start_new_session=True, **who)
                     cgroups.join(job.cgroup, proc.pid)  # (before its code runs, as a rule:
