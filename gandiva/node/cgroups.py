@@ -2,6 +2,11 @@
 process may write: what the run started, however it forked (a daemon into a new session, a
 double fork), is found there and killed with it.
 
+Where the agent's cgroup delegates the pids and memory controllers (its parent enables them
+for it), each run is also bounded: ``pids.max`` as an account's processes are
+(``accounts.processes_allowed``), ``memory.max`` to all of the machine's memory but
+``MEMORY_KEPT_BYTES``, so that no one run takes the memory the node's own processes need.
+
 The agent's runs live under one cgroup named after its work directory, beside the agent's
 own: an agent started again after a crash finds its predecessor's runs there and ends them.
 A process joins its run's cgroup before any of the job's code runs where it can (a warm
@@ -16,7 +21,13 @@ import signal
 import time
 from pathlib import Path
 
+from gandiva.node.accounts import processes_allowed
+
 KILL_WAIT_S = 5.0
+LIMITED = {"pids", "memory"}
+# where the memory controller is delegated, a run may take all the machine's memory but this
+# (or half, on a small machine): what the agent, the server and the system keep
+MEMORY_KEPT_BYTES = 2 << 30
 
 
 def hierarchy() -> Path | None:
@@ -49,10 +60,12 @@ class Runs:
                 self.root.mkdir(exist_ok=True)
             except OSError:
                 self.root = None
+        self.limits: set[str] = set()  # of "pids", "memory": what each run is bounded by
         if self.root is not None:
             for left in self.root.iterdir():  # an earlier agent's runs, if it crashed
                 if left.is_dir():
                     kill(left)
+            self.limits = _delegate(self.root)
 
     @property
     def available(self) -> bool:
@@ -80,7 +93,41 @@ class Runs:
             path.mkdir()
         except OSError:
             return None
+        if "pids" in self.limits:
+            _write(path / "pids.max", processes_allowed())
+        if "memory" in self.limits and (total := memory_bytes()) is not None:
+            _write(path / "memory.max", max(total - MEMORY_KEPT_BYTES, total // 2))
         return path
+
+
+def _delegate(root: Path) -> set[str]:
+    """Give the runs under ``root`` the pids and memory controllers where its parent lets
+    it have them (``cgroup.controllers``); what it got."""
+    try:
+        available = set((root / "cgroup.controllers").read_text().split()) & LIMITED
+        if available:
+            (root / "cgroup.subtree_control").write_text(
+                " ".join(f"+{name}" for name in sorted(available)))
+        return set((root / "cgroup.subtree_control").read_text().split()) & LIMITED
+    except OSError:
+        return set()
+
+
+def _write(path: Path, value: int) -> None:
+    try:
+        path.write_text(str(value))
+    except OSError:
+        pass
+
+
+def memory_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def join(group: Path | None, pid: int = 0) -> None:
