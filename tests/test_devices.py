@@ -7,6 +7,7 @@ move to other GPUs was a restart (a new process, restored at the step it stopped
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -252,6 +253,79 @@ def test_suspended_jobs_on_one_gpu_keep_at_most_half_its_headroom_there_together
     assert [len(records(outs[j], "start")) for j in "ab"] == [1, 1]
     for jid in "abc":
         gpu_agent.kill(jid)
+
+
+def test_a_suspended_job_whose_held_memory_is_unknown_counts_as_its_peak_never_as_none(
+        zygote, tmp_path):
+    """NVML cannot say what a suspended job still holds (a container's host PIDs, MIG): it
+    is counted as the most it was seen to hold, so a job whose peak is past what suspended
+    jobs may keep on the GPU is checkpointed and stopped, not left holding it unseen."""
+    # a stand-in GPU whose jobs may use 2 GB: suspended ones may keep 0.11 GB together, and
+    # the probe's peak (its RSS, the stand-in's count) is twice that and more
+    agent = Agent(tmp_path / "agent", ["cuda:0"], checkpoint_every_s=1e9, cpu_backed=True,
+                  memory_gb=2.0, zygote=zygote)
+    try:
+        agent.start("u", Launch(["{python}", str(PROBE), str(tmp_path / "u.jsonl"), "100000"],
+                                env={"GANDIVA_CPU_BACKED_HELD_GB": "unknown"}), (0,))
+        started(agent, "u")
+        peak = until(lambda: agent.jobs["u"].memory_gb, what="u's peak")
+        assert peak > 0.2
+        agent.suspend("u")
+        ev = wait_for(agent, "suspended", "u")
+        assert ev.data == {"held_gb": agent.jobs["u"].memory_gb, "stopped": True}
+        assert agent.held_gb("u") is None  # what it said: unknown
+        assert "(unknown: counted as its peak)" in agent.read_log("u").decode()
+    finally:
+        agent.close()
+
+
+def test_held_memory_the_driver_cannot_tell_is_unknown_never_zero():
+    """What NVML lists, by the numbers it has for processes: this process's own, none for
+    it (WDDM, MIG without privileges), or host PIDs seen from a container."""
+    from types import SimpleNamespace
+
+    class Driver:  # a driver's NVML with one GPU and these processes on it
+        def __init__(self, *listed):
+            self.listed = [SimpleNamespace(pid=p, usedGpuMemory=used) for p, used in listed]
+
+        def nvmlDeviceGetCount(self):
+            return 1
+
+        def nvmlDeviceGetHandleByIndex(self, index):
+            return index
+
+        def nvmlDeviceGetComputeRunningProcesses(self, handle):
+            return self.listed
+
+    me, parent, foreign = os.getpid(), os.getppid(), 4_194_304 + 7  # (beyond any pid_max)
+    try:
+        nvml.use(Driver((me, 3 * 2**30), (parent, 2**30)))
+        assert nvml.held_gb() == 3.0
+        nvml.use(Driver((me, None)))
+        assert nvml.held_gb() is None
+        nvml.use(Driver((parent, 2**30)))  # its numbers are this machine's: it holds none
+        assert nvml.held_gb() == 0.0
+        nvml.use(Driver((foreign, 2**30)))  # numbers from another PID namespace
+        assert nvml.held_gb() is None
+        nvml.use(Driver())
+        assert nvml.held_gb() is None
+    finally:
+        nvml.use(None)  # (asked again: this machine's own, none)
+
+
+def test_jobs_of_unknown_memory_are_never_paired_on_a_gpu():
+    from gandiva.policies.gandiva import config
+    from gandiva.policies.gandiva.packing import Packing
+    from gandiva.policies.gandiva.shared import Shared
+    from gandiva.spec import JobSpec
+    from gandiva.state import Job
+
+    packing = Packing(Shared(quantum=60.0), config.Packing())
+    a, b = (Job(JobSpec(name, 0.0, 1, "unknown"), seq, 0) for seq, name in enumerate("ab"))
+    a.memory_gb = 2.0
+    assert not packing.may_pair(a, b, 16.0)  # b's memory unknown: not 0
+    b.memory_gb = 3.0
+    assert packing.may_pair(a, b, 16.0) and not packing.may_pair(a, b, 4.0)
 
 
 def test_a_cap_for_one_rank_of_a_gang_takes_no_part_in_its_agreement(gpu_agent, tmp_path):

@@ -204,6 +204,24 @@ def test_crashing_script_fails_with_its_error_and_the_agent_survives(zygote, tmp
         agent.close()
 
 
+def test_warm_forks_draw_their_own_numpy_numbers_as_cold_starts_do(agent, tmp_path):
+    """The zygote imported NumPy (torch does), which seeded its global generator once: each
+    fork reseeds it, or every warm job would draw the same numbers."""
+    script = tmp_path / "draw.py"
+    script.write_text("import sys\n"
+                      "preloaded = 'numpy' in sys.modules\n"
+                      "import numpy as np\n"
+                      "print('DRAW', preloaded, np.random.randint(1 << 30), flush=True)\n")
+    drawn = []
+    for job in ("a", "b"):
+        agent.start(job, Launch(["{python}", str(script)]), (0,))
+        wait_for(agent, "done", job)
+        preloaded, number = agent.read_log(job).decode().split("DRAW ")[1].split()[:2]
+        assert preloaded == "True"  # (else there is nothing to reseed)
+        drawn.append(number)
+    assert drawn[0] != drawn[1]
+
+
 def test_a_warm_start_is_a_fork_of_the_zygote_that_runs_the_script_as_python_would(tmp_path):
     """A fork of the zygote (torch imported once per node) runs the job's script as
     ``__main__`` with its arguments, environment, directory and exit status; and when the
@@ -483,6 +501,40 @@ def test_what_a_job_left_running_in_a_session_of_its_own_is_gone_when_the_job_en
         until(lambda: not Path(f"/proc/{left}").exists() or "Z" in stat_state(left), 10,
               f"{how}: the job's daemon {left} to be gone")
         assert "starts cold" in agent.read_log("j").decode() or how == "warm"
+    finally:
+        agent.close()
+
+
+def test_a_run_is_bounded_in_processes_and_memory_where_the_controllers_are_delegated(
+        zygote, tmp_path):
+    """(Only where the agent's cgroup may hand the pids and memory controllers on: not on
+    machines whose v2 hierarchy lacks them.) The job reads its own cgroup's bounds."""
+    from gandiva.node import cgroups
+    from gandiva.node.accounts import processes_allowed
+
+    probe = cgroups.Runs(tmp_path / "agent")  # (what the agent's will get)
+    probe.close()
+    if probe.limits != cgroups.LIMITED:
+        pytest.skip("this machine's cgroup v2 hierarchy delegates no pids and memory "
+                    f"controllers here (only {sorted(probe.limits)})")
+    agent = Agent(tmp_path / "agent", ["cpu:0"], checkpoint_every_s=1e9, zygote=zygote)
+    try:
+        script = tmp_path / "bounds.py"
+        script.write_text("import pathlib\n"
+                          "mine = open('/proc/self/cgroup').read().split('::')[1].strip()\n"
+                          "mount = [l.split()[1] for l in open('/proc/self/mounts')\n"
+                          "         if l.split()[2] == 'cgroup2'][0]\n"
+                          "here = pathlib.Path(mount + mine)\n"
+                          "print('BOUNDS', (here / 'pids.max').read_text().strip(),\n"
+                          "      (here / 'memory.max').read_text().strip())\n")
+        agent.start("b", Launch(["{python}", str(script)]), (0,))
+        ev = agent.events.get(timeout=90)
+        while ev.job_id != "b" or ev.kind not in ("failed", "done"):
+            ev = agent.events.get(timeout=90)
+        assert ev.kind == "done", ev.data
+        pids, memory = agent.read_log("b").decode().split("BOUNDS ")[1].split()[:2]
+        assert int(pids) == processes_allowed()
+        assert int(memory) < cgroups.memory_bytes()
     finally:
         agent.close()
 

@@ -113,8 +113,10 @@ class Job:
                        else [])
         # GPUs that are CPU slots underneath (the agent's ``cpu_backed``: tests without GPUs)
         self._cpu_backed = env.get("GANDIVA_CPU_BACKED") == "1"
-        # what such a stand-in GPU is to say the process holds while suspended (NVML's part)
-        self._stand_in_held_gb = float(env.get("GANDIVA_CPU_BACKED_HELD_GB", "0"))
+        # what such a stand-in GPU is to say the process holds while suspended (NVML's
+        # part), "unknown" as NVML in a container says nothing
+        said = env.get("GANDIVA_CPU_BACKED_HELD_GB", "0")
+        self._stand_in_held_gb = None if said == "unknown" else float(said)
         self.in_place = False  # the loop reads job.device at every step (see ``steps``)
         self.memory_cap_gb: float | None = None  # the agent's cap while packed (``limit``)
         self._peak_gb = 0.0
@@ -498,8 +500,10 @@ class Job:
                             per_param[k] = v.to(device)
         if str(device).startswith("cpu"):
             torch.cuda.synchronize()
-            torch.cuda.empty_cache()
+            # the workspaces are the caching allocator's blocks: freed first, so that the
+            # cache's emptying gives them back to the driver too
             torch._C._cuda_clearCublasWorkspaces()
+            torch.cuda.empty_cache()
 
     # ---- the channel --------------------------------------------------------------------
     def _send(self, message: wire.Report) -> None:

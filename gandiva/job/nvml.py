@@ -35,28 +35,36 @@ def _handles(nv: Any) -> list[Any]:
     return [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
 
 
+def use(lib: Any) -> None:
+    """Ask ``lib`` (a module with pynvml's functions) from now on: a machine's own NVML, or
+    one that says what a container, MIG or Windows' driver model would (tests)."""
+    global _nvml
+    _nvml = lib
+
+
 def held_gb(pid: int | None = None) -> float | None:
-    """Device memory the process holds on all GPUs, in GB; None if unknown."""
+    """Device memory the process holds on all GPUs, in GB; None if unknown, never 0 for it:
+    the driver accounts none to it (``usedGpuMemory`` None: WDDM, MIG without privileges),
+    it lists processes by numbers this process cannot see (a PID namespace of its own, as
+    in a container without ``--pid=host``), or it lists no process at all."""
     nv = _lib()
     if nv is None:
         return None
     pid = os.getpid() if pid is None else pid
     try:
-        used = [p.usedGpuMemory for h in _handles(nv)
-                for p in nv.nvmlDeviceGetComputeRunningProcesses(h) if p.pid == pid]
+        listed = [p for h in _handles(nv) for p in nv.nvmlDeviceGetComputeRunningProcesses(h)]
     except Exception:
         return None
-    if not used:
-        return 0.0 if _listed_anyone(nv) else None
-    return sum(u or 0 for u in used) / 2**30
-
-
-def _listed_anyone(nv: Any) -> bool:
-    """Whether NVML lists processes at all here (else a PID namespace hides them)."""
-    try:
-        return any(nv.nvmlDeviceGetComputeRunningProcesses(h) for h in _handles(nv))
-    except Exception:
-        return False
+    used = [p.usedGpuMemory for p in listed if p.pid == pid]
+    if any(u is None for u in used):
+        return None
+    if used:
+        return sum(used) / 2**30
+    # not listed: it holds nothing if the driver's numbers are this process's own (each one
+    # listed is a process here), else nothing is known
+    if listed and all(os.path.exists(f"/proc/{p.pid}") for p in listed):
+        return 0.0
+    return None
 
 
 def own_utilization(samples: Iterable[Any], pid: int, since_us: int) -> float | None:

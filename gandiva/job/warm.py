@@ -136,11 +136,22 @@ def enter(go: wire.Become, log: int, control_fd: int | None = None) -> None:
     if control_fd is not None:
         os.environ["GANDIVA_CONTROL_FD"] = str(control_fd)
     tempfile.tempdir = None  # found again from the job's TMPDIR (the zygote's imports asked)
+    reseed()
     os.chdir(go.cwd)
     sys.argv = go.argv
     sys.path[0] = os.path.dirname(os.path.abspath(go.argv[0]))
     set_threads()
     run(go.argv[0])
+
+
+def reseed() -> None:
+    """Give NumPy's global generator fresh entropy, as a cold start's import does: the
+    zygote's imports seeded it once, and every fork would draw the same numbers (CPython
+    reseeds ``random`` at fork by itself; torch's default seed is the same in every process
+    anyway, cold or warm)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
 
 
 def set_threads() -> None:

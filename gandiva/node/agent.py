@@ -71,7 +71,7 @@ HUNG = "hung:"  # how a hung job's reason begins (the server counts them by it)
 BAD_REPORT = "bad report:"  # how the reason of a job failed for what it sent begins
 AWAY_S = 1.0  # the reader looks every 0.05 s: a longer gap means this process was stopped
 # What processes suspended by the library may keep of one GPU together (NVML's count): half
-# of the GPU's headroom (node.devices.HEADROOM), which no job's profile counts on (8 GB of
+# of the GPU's headroom (node.devices.HEADROOM), which no job's profile counts on (4 GB of
 # an 80 GB H100, 0.8 GB of a 16 GB V100), or HELD_MAX_GB where the agent is not told its
 # GPUs' memory. Beyond it, the one holding most is checkpointed and stopped instead, and
 # started again where it is resumed. A CUDA context with cuBLAS and cuDNN is 0.3-0.6 GB: the
@@ -308,11 +308,12 @@ class Agent:
                 with self._lock:
                     here = [j for j in self.jobs.values() if d in j.devices and j.suspended
                             and not (j.signalled or j.parked or j.stopping or j.gang)]
-                held = [(h, j) for j in here if (h := self.held_gb(j.id))]
+                held = [(h, j) for j in here if (h := self._counted_held(j))]
                 if sum(h for h, _ in held) <= budget:
                     break
                 most, job = max(held, key=lambda hj: hj[0])
-                self._log(job, f"suspended holding {most:.2f} GB of device memory: "
+                unknown = " (unknown: counted as its peak)" if self.held_gb(job.id) is None else ""
+                self._log(job, f"suspended holding {most:.2f} GB of device memory{unknown}: "
                                "checkpointed and stopped instead")
                 self.stop(job.id, checkpoint=True)
                 job.parked = True
@@ -331,6 +332,17 @@ class Agent:
         known = [h for h in held if h is not None]
         return max(known) if held and len(known) == len(held) else None
 
+    def _counted_held(self, job: _Job, rank: _Rank | None = None) -> float:
+        """What a suspended job (or one of its ranks) is counted to hold of its device: what
+        it said, else (unknown) the most it was seen to hold, else the whole device: never
+        0 for not knowing."""
+        held = self.held_gb(job.id) if rank is None else _held(job, rank)
+        if held is not None:
+            return held
+        if job.memory_gb is not None:
+            return job.memory_gb
+        return HELD_MAX_GB if self.memory_gb is None else self.memory_gb
+
     def _cap(self, devices: tuple[int, ...]) -> None:
         """Divide each of ``devices`` among the running jobs on it: each gets the most it was
         seen to hold and an even part of what is left; while some are unprofiled, the others
@@ -346,7 +358,7 @@ class Agent:
                 # a job stopped by signal keeps all it had; one suspended by the library,
                 # what it reported
                 here = [(job, r) for job, r in ranks if job.signalled or not job.suspended]
-                held = sum(_held(job, r) or 0.0
+                held = sum(self._counted_held(job, r)
                            for job, r in ranks if job.suspended and not job.signalled)
                 memory = max(0.0, self.memory_gb - held)
                 peaks = [job.memory_gb for job, _ in here]

@@ -124,9 +124,10 @@ class Packing:
 
     # ---- packing and judging ------------------------------------------------------------
     def may_pair(self, a: Job, b: Job, memory_gb: float) -> bool:
-        """May ``a`` and ``b`` share a GPU of ``memory_gb``: their memory fits, and they were
-        not found wanting together?"""
-        return ((a.memory_gb or 0) + (b.memory_gb or 0) <= memory_gb
+        """May ``a`` and ``b`` share a GPU of ``memory_gb``: their memory is known and fits,
+        and they were not found wanting together?"""
+        return (a.memory_gb is not None and b.memory_gb is not None
+                and a.memory_gb + b.memory_gb <= memory_gb
                 and frozenset((a.id, b.id)) not in self.bad_pairs)
 
     def guests(self, waiting: list[Job]) -> list[Job]:
