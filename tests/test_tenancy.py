@@ -430,6 +430,7 @@ def test_a_privileged_reader_of_a_jobs_checkpoints_follows_no_link_and_takes_onl
     step, data, _ = checkpoint.mapped(directory, mine)
     assert (step, bytes(data)) == (1, b"step 1")
     assert checkpoint.newest_file(directory, mine + 1) is None  # none of them is uid+1's
+    assert checkpoint.newest_file(directory, mine, max_bytes=5) is None  # "step 1": 6 bytes
     assert checkpoint.mapped(directory, mine + 1) is None
 
 

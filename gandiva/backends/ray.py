@@ -60,7 +60,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noq
 from gandiva.backends.driver import detect_devices  # noqa: E402
 from gandiva.backends.nodes import AgentEvent, Launch  # noqa: E402
 from gandiva.job import checkpoint  # noqa: E402
-from gandiva.node import accounts  # noqa: E402
+from gandiva.node import accounts, cgroups  # noqa: E402
 from gandiva.node.accounts import Account  # noqa: E402
 from gandiva.node.agent import Agent, Gang, rank_logs  # noqa: E402
 from gandiva.state import GPU, Cluster, Node  # noqa: E402
@@ -89,6 +89,10 @@ class NodeAgent:
                       "memory_gb": memory, "pid": os.getpid(), "uid": os.geteuid(),
                       "token_auth": _token_auth()}
         self.owners: dict[str, int] = {}  # job -> the uid its checkpoints must belong to
+        # a job's checkpoint is read whole to copy it to the head: no more than half this
+        # machine's memory (a larger one stays on its node, the head keeps the older copy)
+        total = cgroups.memory_bytes()
+        self.max_bytes = total // 2 if total is not None else None
         self.copied: dict[str, int] = {}  # the newest checkpoint step copied to the head
         self.sent: dict[tuple[str, int], int] = {}  # (job, rank) -> bytes of its log sent
         self.logging: set[str] = set()  # jobs whose output may not all be at the head yet
@@ -167,7 +171,7 @@ class NodeAgent:
             directory = self.agent.checkpoint_dir(job_id)
             if max(checkpoint.steps(directory), default=-1) <= self.copied.get(job_id, -1):
                 continue  # (a directory listing: reading the file each poll cost a core)
-            newest = checkpoint.newest_file(directory, self._owner(job_id))
+            newest = checkpoint.newest_file(directory, self._owner(job_id), self.max_bytes)
             if newest is not None and newest[0] > self.copied.get(job_id, -1):
                 self.copied[job_id] = newest[0]
                 out.append(("checkpoint", job_id, {"step": newest[0], "data": newest[1],

@@ -168,16 +168,19 @@ def recorded_digest(file: Path, owner: int | None = None) -> str | None:
 
 # ---- files a job can write, opened by a privileged process (a root node agent) ------------
 
-def _open(file: Path, owner: int | None) -> Any:
+def _open(file: Path, owner: int | None, max_bytes: int | None = None) -> Any:
     """``file`` opened to read, if it is a regular file (no link followed, no FIFO waited
-    on) owned by uid ``owner`` (None: by anyone); else ``OSError``. A job's checkpoints
-    directory is its own: a root agent that read a link there would hand the job what it
-    points at."""
+    on) owned by uid ``owner`` (None: by anyone) of at most ``max_bytes``; else
+    ``OSError``. A job's checkpoints directory is its own: a root agent that read a link
+    there would hand the job what it points at."""
     fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or (owner is not None and info.st_uid != owner):
         os.close(fd)
         raise PermissionError(f"{file}: not a regular file of uid {owner}")
+    if max_bytes is not None and info.st_size > max_bytes:
+        os.close(fd)
+        raise PermissionError(f"{file}: {info.st_size} bytes, over {max_bytes}")
     return open(fd, "rb")
 
 
@@ -273,13 +276,15 @@ def latest(directory: Path) -> tuple[int, dict[str, Any]] | None:
 
 # ---- moving a checkpoint to another node: (step, file contents, digest) ----------------------
 
-def newest_file(directory: Path, owner: int | None = None) -> tuple[int, bytes, str] | None:
+def newest_file(directory: Path, owner: int | None = None,
+                max_bytes: int | None = None) -> tuple[int, bytes, str] | None:
     """The newest checkpoint's step, bytes and digest, checked whole; with ``owner``, only
-    regular files of that uid (see ``_open``)."""
+    regular files of that uid, and with ``max_bytes`` only files that fit in it (it is read
+    into memory; see ``_open``)."""
     for step in steps(directory):
         file = path(directory, step)
         try:
-            with _open(file, owner) as f:
+            with _open(file, owner, max_bytes) as f:
                 data = f.read()
         except OSError:
             continue
