@@ -313,6 +313,51 @@ def test_held_memory_the_driver_cannot_tell_is_unknown_never_zero():
         nvml.use(None)  # (asked again: this machine's own, none)
 
 
+def test_no_sample_over_a_whole_sampling_period_is_idle_and_what_nvml_cannot_tell_is_unknown():
+    """The driver keeps a process's sample only when it used the GPU (NOT_FOUND when no
+    process did): over a span of a sampling period or more, none of its own means idle.
+    A MIG instance or any other error: unknown, never busy. Shorter windows are extended,
+    never read."""
+    from types import SimpleNamespace
+
+    class NotFound(Exception):
+        value = 6  # NVML_ERROR_NOT_FOUND
+
+    class Driver:
+        NVML_ERROR_NOT_FOUND = 6
+
+        def __init__(self, samples):
+            self.samples = samples
+
+        def nvmlDeviceGetHandleByUUID(self, uuid):
+            return uuid
+
+        def nvmlDeviceGetProcessUtilization(self, handle, since_us):
+            if isinstance(self.samples, Exception):
+                raise self.samples
+            return self.samples
+
+    me = os.getpid()
+    try:
+        nvml.use(Driver([SimpleNamespace(pid=me, timeStamp=10, smUtil=40)]))
+        assert nvml.utilization("GPU-x", 5) == pytest.approx(0.4)
+        nvml.use(Driver([SimpleNamespace(pid=me + 1, timeStamp=10, smUtil=90)]))
+        assert nvml.utilization("GPU-x", 5) == 0.0  # its partner's, not its own
+        nvml.use(Driver(NotFound()))
+        assert nvml.utilization("GPU-x", 5) == 0.0
+        nvml.use(Driver(RuntimeError("not supported (a MIG instance)")))
+        assert nvml.utilization("GPU-x", 5) is None
+    finally:
+        nvml.use(None)
+    asked = []
+    span = nvml.Span(since=100.0)
+    ask = lambda since_us: asked.append(since_us) or 0.5  # noqa: E731
+    assert span.read(100.25, ask) is None and asked == []  # a first window: too short
+    assert span.read(101.0, ask) == 0.5 and asked == [100_000_000]
+    assert span.read(101.5, ask) == 0.5 and len(asked) == 1  # the last span's, not read
+    assert span.read(102.0, ask) == 0.5 and asked[-1] == 101_000_000
+
+
 def test_jobs_of_unknown_memory_are_never_paired_on_a_gpu():
     from gandiva.policies.gandiva import config
     from gandiva.policies.gandiva.packing import Packing

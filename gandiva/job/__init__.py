@@ -615,6 +615,8 @@ class Job:
         """Start a profile window: short after a (re)start, then longer (FIRST_WINDOW_S)."""
         self._window_s: float = (FIRST_WINDOW_S if first
                                  else min(REPORT_INTERVAL_S, 2 * self._window_s))
+        if first:  # (a span of utilisation starts anew: on its device, running)
+            self._span = nvml.Span(time.time())
         self._window_start = time.perf_counter()
         self._window_steps = self._window_samples = 0
         self._window_cpu = time.process_time()
@@ -649,16 +651,16 @@ class Job:
         # Linux reports ru_maxrss in KiB
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
-    def _utilization(self, cpu_s: float, wall_s: float) -> float:
+    def _utilization(self, cpu_s: float, wall_s: float) -> float | None:
         """The share of the window this process computed: on a GPU, its own samples in
-        NVML (not a packed partner's); on CPU slots, its CPU time over its threads."""
+        NVML (not a packed partner's), over a span of at least the driver's sampling period
+        (a shorter window says the last span's; None before the first: unknown, which the
+        scheduler never packs on); on CPU slots, its CPU time over its threads."""
         import torch
 
         if self.device.type == "cuda":
             uuid = f"GPU-{torch.cuda.get_device_properties(self.device).uuid}"
-            since = int((time.time() - wall_s) * 1e6)
-            own = nvml.utilization(uuid, since)
-            return 1.0 if own is None else own  # unknown: counted busy, never packed on
+            return self._span.read(time.time(), lambda since: nvml.utilization(uuid, since))
         return min(1.0, cpu_s / (wall_s * self.threads)) if wall_s else 0.0
 
 

@@ -12,7 +12,7 @@ without ``--pid=host``), NVML lists host PIDs and the process is not found: unkn
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 _nvml: Any = None  # the module once initialised; False once it failed
@@ -75,15 +75,43 @@ def own_utilization(samples: Iterable[Any], pid: int, since_us: int) -> float | 
     return sum(mine) / len(mine) / 100.0 if mine else None
 
 
+# The driver samples each process's use of a GPU once a period (1/6 s to 1 s, by product)
+# and keeps a sample only for a process that used it: a span at least this long without
+# one of this process's samples is one in which it did not compute. (Shorter spans are
+# extended by the caller, never read.)
+SAMPLE_PERIOD_S = 1.0
+
+
 def utilization(uuid: str, since_us: int, pid: int | None = None) -> float | None:
     """This process's own share of the GPU ``uuid``'s time since ``since_us`` (NVML's clock,
-    microseconds since the epoch); None if unknown."""
+    microseconds since the epoch, at least ``SAMPLE_PERIOD_S`` ago): 0.0 where the driver
+    kept no sample of it (NOT_FOUND: none of anyone's); None if unknown (no NVML, a MIG
+    instance, which has no per-process samples, any other error)."""
     nv = _lib()
     if nv is None:
         return None
     try:
         handle = nv.nvmlDeviceGetHandleByUUID(uuid)
         samples = nv.nvmlDeviceGetProcessUtilization(handle, since_us)
-    except Exception:  # NVML_ERROR_NOT_FOUND: no sample since then
+    except Exception as err:
+        if getattr(err, "value", None) == getattr(nv, "NVML_ERROR_NOT_FOUND", 6):
+            return 0.0
         return None
-    return own_utilization(samples, os.getpid() if pid is None else pid, since_us)
+    own = own_utilization(samples, os.getpid() if pid is None else pid, since_us)
+    return 0.0 if own is None else own
+
+
+class Span:
+    """A job's utilisation read over spans of at least ``SAMPLE_PERIOD_S`` from ``since``
+    (wall-clock seconds): a profile window shorter than that says the last span's value
+    (None before the first: unknown), never a reading the driver could not have made."""
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+        self.value: float | None = None
+
+    def read(self, now: float, ask: Callable[[int], float | None]) -> float | None:
+        """``ask(since_us)`` (``utilization``'s) once the span is long enough."""
+        if now - self.since >= SAMPLE_PERIOD_S:
+            self.value, self.since = ask(int(self.since * 1e6)), now
+        return self.value

@@ -140,7 +140,7 @@ class Profile:
     step: int
     mini_batch_time: float  # seconds per step of the job's loop
     memory_gb: float
-    utilization: float
+    utilization: float | None  # None: unknown (no NVML, MIG, the first second on a GPU)
     samples_per_s: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
     series: dict[str, list[list[float]]] = field(default_factory=dict)
