@@ -641,6 +641,32 @@ def test_an_evaluation_longer_than_the_hang_limit_is_not_taken_for_a_hang(zygote
         agent.close()
 
 
+def test_a_first_mini_batch_longer_than_the_hang_limit_is_not_taken_for_a_hang(
+        zygote, tmp_path):
+    """Loading, compiling and autotuning before the first boundary (here 5 s) under a 2 s
+    hang limit: the job says it is alive from a thread until that boundary."""
+    agent = Agent(tmp_path / "agent", ["cpu:0"], checkpoint_every_s=1e9, hang_s=2.0,
+                  zygote=zygote)
+    script = tmp_path / "compiles.py"
+    script.write_text("import time, torch\n"
+                      "import gandiva.job as gj\n"
+                      "job = gj.init()\n"
+                      "job.register(model=torch.nn.Linear(2, 2))\n"
+                      "for step in job.steps(4):\n"
+                      "    if step == 0:\n"
+                      "        time.sleep(5)  # the first mini-batch: compiled\n")
+    try:
+        agent.start("c", Launch(["{python}", str(script)]), (0,))
+        kinds = []
+        ev = agent.events.get(timeout=90)
+        while ev.job_id != "c" or ev.kind not in ("failed", "done", "crashed"):
+            kinds.append(ev.kind)
+            ev = agent.events.get(timeout=90)
+        assert ev.kind == "done" and "restarted" not in kinds, (ev, kinds)
+    finally:
+        agent.close()
+
+
 @pytest.mark.parametrize("devices", [(0,), (0, 1)], ids=["alone", "gang"])
 def test_a_suspend_during_an_evaluation_is_obeyed_there_and_a_checkpoint_waits_for_a_step(
         agent, tmp_path, devices):

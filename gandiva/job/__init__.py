@@ -48,8 +48,10 @@ import math
 import os
 import random
 import resource
+import select
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -68,6 +70,10 @@ FIRST_WINDOW_S = 0.25
 # often, far inside the agent's hang limit (gandiva.node.agent.HANG_S; an agent sets a tenth
 # of its own in GANDIVA_ALIVE_EVERY_S)
 ALIVE_EVERY_S = 60.0
+# Before its first boundary (loading, compiling, autotuning: minutes where no boundary comes)
+# a job says it is alive from a thread of its own, for at most this long: a first
+# mini-batch that never ends (a deadlocked first all-reduce) is still a hang after it
+FIRST_BOUNDARY_S = 3600.0
 # Every value ``report`` is given is kept by step and sent with the next profile message;
 # a window keeps at most this many points of a metric, evenly spaced by step, the last one
 # always (a job reporting its loss at every one of 1,000 mini-batches a second sends 64
@@ -103,6 +109,8 @@ class Job:
         self.metrics: dict[str, float] = {}
         self._points: dict[str, dict[int, float]] = {}  # metric -> step -> value, unsent
         self._sock: socket.socket | None = None
+        self._sending = threading.Lock()  # one line on the channel at a time
+        self._first_boundary = threading.Event()
         self._buf = b""
         fd = env.get("GANDIVA_CONTROL_FD")
         if fd is not None:
@@ -129,6 +137,9 @@ class Job:
         self.writer: Callable[[Path], None] | None = None
         if self.world_size <= 1:
             self._hello()  # (a gang's ranks say it once they have met: see ``distributed``)
+        if self._sock is not None:
+            threading.Thread(target=self._alive_until_first_boundary, daemon=True,
+                             name="gandiva-alive").start()
         self._new_window(first=True)
         self._last_ckpt = time.monotonic()
         self._steps = _Cadence()  # when a gang's ranks agree at training boundaries...
@@ -380,6 +391,7 @@ class Job:
         obeys it at once; an integration whose framework must write the checkpoint itself
         obeys it once the framework has (see ``hf``)."""
         self.step = self.step + 1 if step is None else step
+        self._first_boundary.set()
         self._window_steps += 1
         self._flush_report()
         if self._deferred is not None:
@@ -510,13 +522,35 @@ class Job:
         if self._sock is None:
             return
         data = wire.encode(message)
-        self._sock.setblocking(True)
-        try:
-            self._sock.sendall(data)
-        except OSError:
-            self._agent_gone()
-        finally:
-            self._sock.setblocking(False)
+        with self._sending:
+            self._sock.setblocking(True)
+            try:
+                self._sock.sendall(data)
+            except OSError:
+                self._agent_gone()
+            finally:
+                self._sock.setblocking(False)
+
+    def _alive_until_first_boundary(self) -> None:
+        """Say the job is alive every ``alive_every_s`` until its first boundary, for at
+        most ``FIRST_BOUNDARY_S`` (see there). The channel stays non-blocking here (the main
+        thread may be reading it); a line is sent whole, under the sending lock."""
+        deadline = time.monotonic() + FIRST_BOUNDARY_S
+        while not self._first_boundary.wait(self.alive_every_s):
+            if time.monotonic() > deadline or self._sock is None:
+                return
+            with self._sending:
+                if self._first_boundary.is_set():
+                    return
+                rest = memoryview(wire.encode(wire.Alive(self.step)))
+                try:
+                    while rest:
+                        try:
+                            rest = rest[self._sock.send(rest):]
+                        except BlockingIOError:  # (the agent reads: room comes)
+                            select.select([], [self._sock], [], 1.0)
+                except OSError:
+                    return  # the agent is gone: the main thread finds out
 
     def _poll(self) -> wire.Command | None:
         """The agent's next command, if one has come. A memory cap (``Limit``) is this
