@@ -476,6 +476,38 @@ def test_a_gang_whose_rank_hangs_after_the_others_ended_fails_within_the_grace(z
         agent.close()
 
 
+def test_a_gang_whose_finished_rank_sits_in_teardown_ends_done_and_the_straggler_is_counted(
+        zygote, tmp_path):
+    """Rank 1 said its training was over (the library's Done), then stays in the
+    interpreter's teardown (a gloo group's destructor waiting on a thread that waits for the
+    GIL): 10 s after rank 0 ended well, it is killed and the job is done, well within the
+    60 s a rank that never finished gets."""
+    agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=1e9,
+                  zygote=zygote)
+    script = tmp_path / "teardown.py"
+    script.write_text("import time, torch\n"
+                      "import gandiva.job as gj\n"
+                      "job = gj.init()\n"
+                      "job.register(model=torch.nn.Linear(2, 2))\n"
+                      "for step in job.steps(5):\n"
+                      "    pass\n"
+                      "if job.rank == 1:\n"
+                      "    print('rank 1 sits in teardown', flush=True)\n"
+                      "    time.sleep(600)\n")
+    try:
+        agent.start("t", Launch(["{python}", str(script)]), (0, 1))
+        ev = agent.events.get(timeout=90)
+        while ev.job_id != "t" or ev.kind not in ("failed", "done"):
+            ev = agent.events.get(timeout=90)
+        assert ev.kind == "done" and ev.data["stragglers"] == 1, ev
+        assert "rank 1 sits in teardown" in agent.read_log("t", 1).decode()
+        said = "rank(s) [1] still running 10 s after the others ended: killed"
+        assert said in agent.read_log("t", 0).decode()  # (the agent's lines: rank 0's log)
+        assert "t" not in agent.jobs  # its devices are free again
+    finally:
+        agent.close()
+
+
 @pytest.mark.parametrize("how", ["warm", "cold"])
 def test_what_a_job_left_running_in_a_session_of_its_own_is_gone_when_the_job_ends(
         zygote, tmp_path, how):

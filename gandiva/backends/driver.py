@@ -33,7 +33,7 @@ from gandiva.backends.explain import Seen
 from gandiva.backends.nodes import AgentEvent, Launch, Nodes
 from gandiva.backends.requests import Request, Requests
 from gandiva.job import wire
-from gandiva.node.agent import ACK_TIMEOUT_S, BAD_REPORT, HANG_S, Agent
+from gandiva.node.agent import ACK_TIMEOUT_S, BAD_REPORT, HANG_S, STRAGGLED, Agent
 from gandiva.node.devices import HEADROOM
 from gandiva.node.zygote import Zygote
 from gandiva.run import COUNTED, JobRun, RunResult, no_counts
@@ -554,6 +554,9 @@ class Driver:
             rec.reason = ev.data.get("reason", "")
             if ev.kind == "done":
                 rec.steps = ev.data.get("step", rec.steps)
+                if ev.data.get("stragglers"):
+                    rec.reason = (f"{STRAGGLED} {ev.data['stragglers']} rank(s) that had "
+                                  "finished their training hung on the way out")
                 if rec.first_feedback is None:
                     rec.first_feedback = now
             self.set(rec, ev.kind, JobState(ev.kind))

@@ -59,6 +59,10 @@ GRACE_S = 10.0  # SIGTERM before SIGKILL, for scripts that save on SIGTERM
 # data-parallel job end together, up to a final save; past it, one is hung (in a collective,
 # or at exit) and the job would hold its devices for ever
 EXIT_GRACE_S = 60.0
+# ...but ranks that said their training was over (the library's Done) and sit on in the
+# interpreter's teardown this long are hung on the way out (a gloo group's destructor that
+# waits for a thread that waits for the GIL): they are killed, counted, and the job is done
+TEARDOWN_GRACE_S = 10.0
 # A running job of the library reports at its mini-batch boundaries (every second at most);
 # one that has said nothing for this long is hung (a rank stuck in a collective holds every
 # rank of its gang there) and is killed and restarted from its checkpoint, as after a crash.
@@ -68,6 +72,7 @@ HANG_S = 600.0
 # same seconds on the same imports, beside the zygote's, on the same cores.
 ZYGOTE_WAIT_S = 60.0
 HUNG = "hung:"  # how a hung job's reason begins (the server counts them by it)
+STRAGGLED = "killed at exit:"  # how a done job's note begins when ranks hung at its end
 BAD_REPORT = "bad report:"  # how the reason of a job failed for what it sent begins
 AWAY_S = 1.0  # the reader looks every 0.05 s: a longer gap means this process was stopped
 # What processes suspended by the library may keep of one GPU together (NVML's count): half
@@ -817,23 +822,27 @@ class Agent:
                 if job.first == 0 and job.ranks[0].exit is None:
                     continue
                 job.lingering_since = job.lingering_since or time.monotonic()
-                if time.monotonic() - job.lingering_since >= self.exit_grace_s:
-                    self._lingered(job)
+                finished = all(r.done for r in job.ranks if r.exit is None)
+                grace = min(self.exit_grace_s, TEARDOWN_GRACE_S) if finished else self.exit_grace_s
+                if time.monotonic() - job.lingering_since >= grace:
+                    self._lingered(job, grace)
 
-    def _lingered(self, job: _Job) -> None:
+    def _lingered(self, job: _Job, grace: float) -> None:
         """Rank 0 (on a node without it: some rank) ended well and the others did not follow
-        within the grace: kill them.
-        If each had said its training was over, they hung on the way out: the job is done;
-        else it fails, naming them (a restart would hang again where they hang)."""
+        within ``grace``: kill them.
+        If each had said its training was over, they hung on the way out: the job is done,
+        the stragglers counted (``stragglers`` in its event); else it fails, naming them (a
+        restart would hang again where they hang)."""
         late = [job.first + r.rank for r in job.ranks if r.exit is None]
         finished = all(r.done for r in job.ranks if r.exit is None)
         self._kill(job)
         self.jobs.pop(job.id, None)
         self.ended.add(job.id)
-        gone = f"rank(s) {late} still running {self.exit_grace_s:g} s after the others ended"
+        gone = f"rank(s) {late} still running {grace:g} s after the others ended"
         self._log(job, f"{gone}: killed")
         if finished:
-            self.events.put(AgentEvent("done", job.id, {"step": job.step, "run": job.run}))
+            self.events.put(AgentEvent("done", job.id, {"step": job.step, "run": job.run,
+                                                        "stragglers": len(late)}))
             return
         self.events.put(AgentEvent("failed", job.id, {
             "reason": f"{gone} (hung in a collective or at exit): killed; end of the log of "

@@ -39,7 +39,7 @@ from prometheus_client.core import GaugeMetricFamily
 from gandiva import actions as A
 from gandiva import events as E
 from gandiva.backends.driver import Driver, Observer, named
-from gandiva.node.agent import HUNG
+from gandiva.node.agent import HUNG, STRAGGLED
 from gandiva.spec import TERMINAL, JobState
 
 # from sub-millisecond decisions to checkpoints of large models
@@ -96,6 +96,10 @@ class Metrics(Observer):
         self.hung = CounterMetric(
             "gandiva_jobs_hung", "Jobs no rank of which reported for the hang limit "
             "(--hang-after): killed, then restarted from their checkpoints or failed",
+            registry=self.registry)
+        self.killed_at_exit = CounterMetric(
+            "gandiva_jobs_killed_at_exit", "Jobs done whose ranks, their training over, hung "
+            "on the way out (in the interpreter's teardown) and were killed",
             registry=self.registry)
         self.node_lost = CounterMetric(
             "gandiva_jobs_node_lost", "Jobs put back in the queue because their node was lost "
@@ -177,6 +181,8 @@ class Metrics(Observer):
         """A job's transition, as the server stores it."""
         if what in ("restarted", "failed") and (reason or "").startswith(HUNG):
             self.hung.inc()
+        if what == "done" and (reason or "").startswith(STRAGGLED):
+            self.killed_at_exit.inc()
         if what == "restarted":
             self.restarts.inc()
         elif what == "node-lost":

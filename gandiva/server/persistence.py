@@ -58,6 +58,8 @@ def change_of(rec: JobRecord, what: str) -> JobChange:
     if what in ("restarted", "node-lost"):  # why, on the event: a later end overwrites the job's
         data["reason"] = rec.reason
     reason = rec.reason if what in ("failed", "restarted", "cancelled") else None
+    if what == "done" and rec.reason:  # (ranks killed at its end: said, and counted)
+        reason = rec.reason
     return JobChange(rec.spec.id, what, data, state, reason)
 
 
