@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -173,6 +174,24 @@ def test_packed_jobs_divide_the_gpu_by_their_peaks_and_a_job_left_alone_is_uncap
     wait_for(gpu_agent, "done", "b")
     until(lambda: records(a, "cap")[-1]["cap"] is None)  # alone again: the whole GPU
     gpu_agent.kill("a")
+
+
+def test_a_packed_job_restarted_after_a_crash_keeps_its_peak_and_is_capped_at_once(
+        gpu_agent, tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    gpu_agent.start("a", probe(a, 100_000), (1,))
+    peak = until(lambda: gpu_agent.jobs["a"].memory_gb, what="a's peak")
+    gpu_agent.start("b", probe(b, 100_000), (1,))  # packed on a's GPU
+    until(lambda: all(r.cap_gb for j in "ab" for r in gpu_agent.jobs[j].ranks),
+          what="both capped")
+    first = gpu_agent.jobs["a"]
+    os.kill(first.ranks[0].proc.pid, signal.SIGKILL)  # a crashes: restarted at once
+    again = until(lambda: (j := gpu_agent.jobs["a"]) is not first and j.ranks and j,
+                  what="a restarted")
+    assert again.memory_gb == peak  # its peak is still known (not "unprofiled")...
+    until(lambda: again.ranks[0].cap_gb is not None, what="a capped")  # ...and it is capped
+    for jid in "ab":
+        gpu_agent.kill(jid)
 
 
 def test_what_a_suspended_process_holds_is_unknown_without_nvml_never_guessed():

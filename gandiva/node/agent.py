@@ -871,9 +871,13 @@ class Agent:
             job.restarts += 1
             self.events.put(AgentEvent("restarted", job.id, {"reason": why,
                                                              "attempt": job.restarts + 1}))
-            fresh = _Job(job.id, job.launch, job.devices, restarts=job.restarts)
+            # it keeps its peak, and is capped again at once beside its GPU-mates (not at its
+            # next profile: until then both would run uncapped)
+            fresh = _Job(job.id, job.launch, job.devices, restarts=job.restarts,
+                         memory_gb=job.memory_gb)
             self.jobs[job.id] = fresh
             self._spawn(fresh)
+            self._cap(fresh.devices)
             return
         self._finish(job, f"{why} after {job.restarts} restarts; end of its log:\n"
                           + self.log_tail(job.id))
