@@ -194,6 +194,40 @@ def test_a_packed_job_restarted_after_a_crash_keeps_its_peak_and_is_capped_at_on
         gpu_agent.kill(jid)
 
 
+def test_a_gpu_job_stopped_by_signal_past_the_bound_is_preempted_and_starts_again_on_resume(
+        zygote, tmp_path):
+    """A script without the library is suspended by SIGSTOP; on a GPU, NCCL's watchdog
+    would abort its communicators had it stayed stopped past its timeout: past the bound
+    (here 1 s) it is preempted instead (SIGTERM, on which it saves) and starts again when
+    resumed."""
+    agent = Agent(tmp_path / "agent", ["cuda:0"], checkpoint_every_s=1e9, cpu_backed=True,
+                  signal_stop_max_s=1.0, zygote=zygote)
+    script = tmp_path / "plain.py"
+    script.write_text("import signal, sys, time\n"
+                      "def saved(*_):\n"
+                      "    print('saved on SIGTERM', flush=True)\n"
+                      "    sys.exit(0)\n"
+                      "signal.signal(signal.SIGTERM, saved)\n"
+                      "print('training', flush=True)\n"
+                      "while True:\n"
+                      "    time.sleep(0.05)\n")
+    try:
+        agent.start("p", Launch(["{python}", str(script)]), (0,))
+        until(lambda: "training" in agent.read_log("p").decode(), what="p to train")
+        agent.suspend("p")  # it says nothing of the protocol: SIGSTOP
+        assert agent.jobs["p"].signalled
+        ev = wait_for(agent, "suspended", "p", timeout=30)
+        assert ev.data == {"held_gb": None, "stopped": True}
+        log = agent.read_log("p").decode()
+        assert "saved on SIGTERM" in log and "stopped by signal for 1 s" in log
+        agent.resume("p", (0,))  # started again
+        until(lambda: agent.read_log("p").decode().count("training") == 2,
+              what="p's second start")
+        agent.kill("p")
+    finally:
+        agent.close()
+
+
 def test_what_a_suspended_process_holds_is_unknown_without_nvml_never_guessed():
     # this machine has no NVIDIA driver: NVML answers nothing, and nothing is made up
     assert nvml.held_gb() is None

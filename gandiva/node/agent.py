@@ -68,6 +68,12 @@ TEARDOWN_GRACE_S = 10.0
 # rank of its gang there) and is killed and restarted from its checkpoint, as after a crash.
 # Ten minutes: far above a mini-batch, below the hours a hung gang held its GPUs.
 HANG_S = 600.0
+# A job on GPUs stopped by signal (SIGSTOP: it does not speak the protocol, or its mini-batch
+# outlasted ACK_TIMEOUT_S) stays stopped at most this long, then is preempted instead (a
+# checkpoint, or SIGTERM) and started again when resumed: NCCL's watchdog measures its
+# collectives' timeout (10 min by default) on a clock that runs while the process is
+# stopped, and aborts the communicators when it wakes past it
+SIGNAL_STOP_MAX_S = 300.0
 # A start waits this long at most for a zygote still importing: a cold start would spend the
 # same seconds on the same imports, beside the zygote's, on the same cores.
 ZYGOTE_WAIT_S = 60.0
@@ -132,6 +138,7 @@ class _Job:
     step: int = 0
     memory_gb: float | None = None  # the most device memory it was seen to hold
     lingering_since: float | None = None  # when some ranks had ended well and others not
+    stopped_at: float | None = None  # when it was stopped by signal (``SIGNAL_STOP_MAX_S``)
     heard: float = field(default_factory=time.monotonic)  # its last report, or its (re)start
     parked: bool = False  # suspended by checkpoint-and-exit: a resume starts it again
     acks: dict[str, threading.Event] = field(default_factory=dict)
@@ -163,6 +170,7 @@ class Agent:
                  python: str = sys.executable, warm: bool = True,
                  cpu_backed: bool = False, memory_gb: float | None = None,
                  exit_grace_s: float = EXIT_GRACE_S, hang_s: float = HANG_S,
+                 signal_stop_max_s: float = SIGNAL_STOP_MAX_S,
                  zygote: Zygote | None = None) -> None:
         """``devices``: CPU slots (``cpu:<i>``) or GPUs (``cuda:<i>``, or ``cuda:<id>`` by
         UUID or MIG id). ``cpu_backed``: GPUs whose jobs compute on the CPU, every other
@@ -176,6 +184,7 @@ class Agent:
         self.cpu_backed = cpu_backed
         self.memory_gb = memory_gb
         self.exit_grace_s = exit_grace_s
+        self.signal_stop_max_s = signal_stop_max_s
         self.hang_s = hang_s
         # what CUDA_VISIBLE_DEVICES calls each GPU, through the agent's own
         self.gpu_ids = (gpus.gpu_ids(devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -268,6 +277,7 @@ class Agent:
             # when it wakes, so resume will send it a resume message as well.
             self._signal(job, signal.SIGSTOP)
             job.suspended = job.signalled = True
+            job.stopped_at = time.monotonic()
         self._cap(job.devices)
 
     def resume(self, job_id: str, devices: tuple[int, ...]) -> None:
@@ -289,6 +299,7 @@ class Agent:
         if job.signalled:
             self._signal(job, signal.SIGCONT)
             job.suspended = job.signalled = False
+            job.stopped_at = None
             if job.aware:
                 for r in job.ranks:
                     self._send(r, wire.Resume(self._device_name(job, r)))
@@ -417,6 +428,17 @@ class Agent:
             if self._wait_exit(job, ACK_TIMEOUT_S):
                 return
         self._terminate(job)
+
+    def _preempt(self, job: _Job) -> None:
+        """A job stopped by signal for ``signal_stop_max_s``: checkpointed and stopped (a
+        script without the library: SIGTERM), to start again where it is resumed."""
+        if self.jobs.get(job.id) is not job or not job.signalled or job.stopping:
+            return  # resumed or stopped meanwhile
+        self._log(job, f"stopped by signal for {self.signal_stop_max_s:g} s, past what a "
+                       "GPU job's NCCL timeout allows: checkpointed and stopped instead")
+        self.stop(job.id, checkpoint=True)
+        job.parked = True
+        self.events.put(AgentEvent("suspended", job.id, {"held_gb": None, "stopped": True}))
 
     def park(self, job_id: str) -> None:
         """Checkpoint and stop the job, and forget it until it is started again (a job its
@@ -802,6 +824,11 @@ class Agent:
                     if (job.aware and not (job.suspended or job.stopping or job.done)
                             and time.monotonic() - job.heard >= self.hang_s):
                         self._crashed(job, codes, hung=True)
+                    elif (self.gpu and job.signalled and job.stopped_at is not None
+                          and time.monotonic() - job.stopped_at >= self.signal_stop_max_s):
+                        job.stopped_at = None  # (a stop waits on the reader: not here)
+                        threading.Thread(target=self._preempt, args=(job,), daemon=True,
+                                         name=f"gandiva-preempt-{job.id}").start()
                     continue
                 if job.stopping:
                     if all(c is not None for c in codes):
