@@ -155,6 +155,31 @@ def test_a_job_stopped_by_signal_moves_by_restart_and_is_never_left_on_its_old_g
     assert lines[0][0] != lines[1][0]
 
 
+def test_on_mig_a_process_sees_its_own_instance_and_a_gang_over_instances_is_refused(
+        zygote, tmp_path, monkeypatch):
+    """CUDA shows a process only the first MIG instance it is given: a job's process is
+    given its own (``cuda:0``), sees no other even when it moves in place, and a gang over
+    MIG instances (NCCL joins none of them) fails at once, saying so."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    migs = ["MIG-5c1e9e0b-aaaa", "MIG-5c1e9e0b-bbbb"]
+    agent = Agent(tmp_path / "agent", [f"cuda:{m}" for m in migs], checkpoint_every_s=1e9,
+                  cpu_backed=True, zygote=zygote)
+    script = tmp_path / "sees.py"
+    script.write_text("import os\n"
+                      "print('SEES', os.environ['CUDA_VISIBLE_DEVICES'], "
+                      "os.environ['GANDIVA_DEVICE'], flush=True)\n")
+    try:
+        agent.in_place.add("one")  # (as if it had said it moves in place)
+        agent.start("one", Launch(["{python}", str(script)]), (1,))
+        wait_for(agent, "done", "one")
+        assert "SEES MIG-5c1e9e0b-bbbb cuda:0" in agent.read_log("one").decode()
+        agent.start("gang", Launch(["{python}", str(script)]), (0, 1))
+        ev = wait_for(agent, "failed", "gang")
+        assert "MIG instances" in ev.data["reason"] and "NCCL" in ev.data["reason"]
+    finally:
+        agent.close()
+
+
 # ---- memory ----------------------------------------------------------------------------------
 
 def test_packed_jobs_divide_the_gpu_by_their_peaks_and_a_job_left_alone_is_uncapped(

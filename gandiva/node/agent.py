@@ -516,7 +516,16 @@ class Agent:
         else:
             job.store = _store() if elastic and not in_a_file else None
             gang = Gang(0, len(job.devices), "127.0.0.1", job.store.port if job.store else 0)
-        visible = gpus.visible(job.devices, len(self.devices), job.id in self.in_place)
+        mig = self.gpu and any(gpus.is_mig(self.gpu_ids[d]) for d in job.devices)
+        if mig and (len(job.devices) > 1 or job.gang is not None):
+            self._finish(job, f"{len(job.devices)} device(s) of a gang on MIG instances "
+                              f"({', '.join(self.gpu_ids[d] for d in job.devices)}): CUDA "
+                              "shows a process one MIG instance and NCCL joins none of them; "
+                              "run it on one MIG instance, or on whole GPUs")
+            return
+        # (a MIG instance is the only one its process sees: no in-place moves there)
+        visible = gpus.visible(job.devices, len(self.devices),
+                               job.id in self.in_place and not mig)
         for rank in range(len(job.devices)):
             env = {**environment.for_jobs(), "TMPDIR": str(job.tmp), **job.launch.env,
                    "GANDIVA_JOB_ID": job.id,

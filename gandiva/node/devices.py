@@ -58,6 +58,12 @@ def _usable(entries: list[str]) -> int:
     return n
 
 
+def is_mig(gpu_id: str) -> bool:
+    """A MIG instance (``MIG-<uuid>``): CUDA shows a process only the first MIG instance of
+    its ``CUDA_VISIBLE_DEVICES``, so a process sees one, and NCCL joins none of them."""
+    return gpu_id.startswith("MIG-")
+
+
 def visible(job_devices: Sequence[int], node_devices: int, in_place: bool) -> list[int]:
     """The devices (indices into the agent's) every process of a job sees, in order: the
     job's own in local-rank order; then, for a one-process job that moves in place, the
