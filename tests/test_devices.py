@@ -23,7 +23,7 @@ from gandiva.node import devices  # noqa: E402
 from gandiva.node.agent import Agent, Launch  # noqa: E402
 
 PROBE = Path(__file__).resolve().parent / "jobs" / "probe.py"
-UUIDS = ["GPU-0b5c1e9e-aaaa", "GPU-7f31d2c4-bbbb", "MIG-2a9e0c11-cccc"]
+UUIDS = ["GPU-0b5c1e9e-aaaa", "GPU-7f31d2c4-bbbb", "GPU-2a9e0c11-cccc"]  # (MIG: see below)
 
 
 def probe(out: Path, steps: int, *extra: str) -> Launch:
@@ -153,6 +153,30 @@ def test_a_job_stopped_by_signal_moves_by_restart_and_is_never_left_on_its_old_g
     lines = [line.split() for line in out.read_text().splitlines()]
     assert [cvd for _, cvd in lines] == ["4", "7"]
     assert lines[0][0] != lines[1][0]
+
+
+def test_gpus_named_by_index_are_handed_on_by_uuid_where_nvml_names_them(
+        zygote, tmp_path, monkeypatch):
+    """An index means a GPU only under a CUDA_DEVICE_ORDER, which a job may set anew; the
+    agent names each GPU by its UUID once, as it starts, where NVML can say."""
+    class Driver:  # NVML's numbering (PCI bus order) of a machine's GPUs, and their UUIDs
+        def nvmlDeviceGetHandleByIndex(self, index):
+            return index
+
+        def nvmlDeviceGetUUID(self, handle):
+            return f"GPU-0000000{handle}-uuid".encode()
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,7")
+    try:
+        nvml.use(Driver())
+        agent = Agent(tmp_path / "agent", ["cuda:0", "cuda:2"], cpu_backed=True,
+                      zygote=zygote)
+        agent.close()
+        assert agent.gpu_ids == ["GPU-00000004-uuid", "GPU-00000007-uuid"]
+        assert devices.by_uuid(["4", f"{UUIDS[0]}"]) == ["GPU-00000004-uuid", UUIDS[0]]
+    finally:
+        nvml.use(None)
+    assert devices.by_uuid(["4", "5"]) == ["4", "5"]  # no NVML here: indices they stay
 
 
 def test_on_mig_a_process_sees_its_own_instance_and_a_gang_over_instances_is_refused(

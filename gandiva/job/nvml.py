@@ -42,6 +42,19 @@ def use(lib: Any) -> None:
     _nvml = lib
 
 
+def uuid_by_index(index: int) -> str | None:
+    """The UUID (``GPU-...``) of the GPU NVML numbers ``index`` (PCI bus order, as
+    ``nvidia-smi``), if known."""
+    nv = _lib()
+    if nv is None:
+        return None
+    try:
+        uuid = nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(index))
+    except Exception:
+        return None
+    return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+
+
 def held_gb(pid: int | None = None) -> float | None:
     """Device memory the process holds on all GPUs, in GB; None if unknown, never 0 for it:
     the driver accounts none to it (``usedGpuMemory`` None: WDDM, MIG without privileges),

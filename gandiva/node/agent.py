@@ -186,8 +186,10 @@ class Agent:
         self.exit_grace_s = exit_grace_s
         self.signal_stop_max_s = signal_stop_max_s
         self.hang_s = hang_s
-        # what CUDA_VISIBLE_DEVICES calls each GPU, through the agent's own
-        self.gpu_ids = (gpus.gpu_ids(devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        # what CUDA_VISIBLE_DEVICES calls each GPU, through the agent's own: by UUID where
+        # NVML says (an index is read under each job's CUDA_DEVICE_ORDER)
+        self.gpu_ids = (gpus.by_uuid(gpus.gpu_ids(devices,
+                                                  os.environ.get("CUDA_VISIBLE_DEVICES")))
                         if devices and devices[0].startswith("cuda") else [])
         self.in_place: set[str] = set()  # jobs that said they move in place (see Job.steps)
         self.threads = threads

@@ -58,6 +58,19 @@ def _usable(entries: list[str]) -> int:
     return n
 
 
+def by_uuid(ids: list[str]) -> list[str]:
+    """``ids`` with each index replaced by its GPU's UUID, where NVML names every one: an
+    index means a GPU only under a ``CUDA_DEVICE_ORDER``, which each job could set anew
+    (CUDA's default orders by speed, NVML and ``nvidia-smi`` by PCI bus); a UUID means one
+    GPU under any. Resolved once, when the agent starts."""
+    from gandiva.job import nvml
+
+    if not any(i.isdigit() for i in ids):
+        return ids
+    named = [nvml.uuid_by_index(int(i)) if i.isdigit() else i for i in ids]
+    return ids if None in named else [n for n in named if n is not None]
+
+
 def is_mig(gpu_id: str) -> bool:
     """A MIG instance (``MIG-<uuid>``): CUDA shows a process only the first MIG instance of
     its ``CUDA_VISIBLE_DEVICES``, so a process sees one, and NCCL joins none of them."""
