@@ -225,6 +225,22 @@ def test_packed_jobs_divide_the_gpu_by_their_peaks_and_a_job_left_alone_is_uncap
     gpu_agent.kill("a")
 
 
+def test_a_job_packed_beside_another_starts_capped_before_its_first_allocation(
+        gpu_agent, tmp_path):
+    """Its first mini-batch is often its peak (cuDNN benchmarking, autotuning): the cap is in
+    its start environment, applied as the job library starts, not at its first boundary."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    gpu_agent.start("a", probe(a, 100_000), (1,))
+    until(lambda: gpu_agent.jobs["a"].memory_gb, what="a's peak")
+    gpu_agent.start("b", probe(b, 300), (1,))  # packed on a's GPU
+    start = until(lambda: records(b, "start"), what="b's start")[0]
+    assert start["cap"] is not None and start["step"] == 0
+    cap_a = until(lambda: records(a, "cap"), what="a's cap")[-1]["cap"]
+    assert start["cap"] == pytest.approx(10.0 - cap_a)  # the rest of the GPU
+    for jid in "ab":
+        gpu_agent.kill(jid)
+
+
 def test_a_packed_job_restarted_after_a_crash_keeps_its_peak_and_is_capped_at_once(
         gpu_agent, tmp_path):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"

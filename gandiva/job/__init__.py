@@ -131,6 +131,12 @@ class Job:
         self._deferred: wire.Checkpoint | None = None  # came at a pause point: see there
         self._asleep = False  # suspended: the registered state is in host memory
         self.device = self._use_device(env.get("GANDIVA_DEVICE", "cpu"))
+        try:  # started beside another job on its GPU: capped before its first allocation
+            cap = float(env["GANDIVA_MEMORY_CAP_GB"])
+        except (KeyError, ValueError):
+            cap = math.nan
+        if math.isfinite(cap) and cap >= 0:
+            self.limit(cap)
         self._pg: Any = None  # torch.distributed, once the gang's group exists
         self._control: Any = None  # the group ranks agree through (None: the default group)
         # how a framework writes its own checkpoint (every rank calls it; see ``save``)
@@ -461,6 +467,8 @@ class Job:
             if isinstance(command, wire.Resume):
                 t0 = time.perf_counter()
                 self.device = self._use_device(command.device)
+                if self.memory_cap_gb is not None:  # (a cap is per device: the new one's)
+                    self.limit(self.memory_cap_gb)
                 self.wake()
                 self._send(wire.Resumed(self.step, command.device, time.perf_counter() - t0))
                 self._new_window(first=True)

@@ -362,43 +362,57 @@ class Agent:
         return HELD_MAX_GB if self.memory_gb is None else self.memory_gb
 
     def _cap(self, devices: tuple[int, ...]) -> None:
-        """Divide each of ``devices`` among the running jobs on it: each gets the most it was
-        seen to hold and an even part of what is left; while some are unprofiled, the others
-        keep their peaks and the unprofiled share the rest. So a packed pair cannot take
-        each other's memory, and no job is capped below what it holds; a job alone on its
-        GPU is uncapped. The job applies its cap as it reads it (``Job.limit``)."""
+        """Divide each of ``devices`` among the running jobs on it (``_division``) and send
+        each rank its cap where it changed. The job applies its cap as it reads it
+        (``Job.limit``); a rank that starts beside others gets its cap in its start
+        environment, applied before any of its code allocates."""
         if self.memory_gb is None:
             return
         with self._lock:
             for d in set(devices):
-                ranks = [(job, r) for job in self.jobs.values() if not job.stopping
-                         for r in job.ranks if r.exit is None and job.devices[r.rank] == d]
-                # a job stopped by signal keeps all it had; one suspended by the library,
-                # what it reported
-                here = [(job, r) for job, r in ranks if job.signalled or not job.suspended]
-                held = sum(self._counted_held(job, r)
-                           for job, r in ranks if job.suspended and not job.signalled)
-                memory = max(0.0, self.memory_gb - held)
-                peaks = [job.memory_gb for job, _ in here]
-                known = [p for p in peaks if p is not None]
-                rest = max(0.0, memory - sum(known))
-                if len(here) < 2:
-                    caps = [memory if held else None] * len(here)
-                elif len(known) < len(peaks):
-                    share = rest / (len(peaks) - len(known))
-                    caps = [share if p is None else p for p in peaks]
-                else:
-                    caps = [p + rest / len(peaks) for p in known]
-                for (_, r), cap in zip(here, caps, strict=True):
-                    if cap != r.cap_gb:
-                        data = wire.encode(wire.Limit(cap))
-                        try:  # never blocks: a job that reads nothing keeps its old cap
-                            sent = r.sock.send(data)
-                        except OSError:
-                            continue
-                        if sent < len(data):  # the line must not be torn: finish it
-                            self._send_rest(r, data[sent:])
-                        r.cap_gb = cap
+                for _, r, cap in self._division(d):
+                    if r is None or cap == r.cap_gb:
+                        continue
+                    data = wire.encode(wire.Limit(cap))
+                    try:  # never blocks: a job that reads nothing keeps its old cap
+                        sent = r.sock.send(data)
+                    except OSError:
+                        continue
+                    if sent < len(data):  # the line must not be torn: finish it
+                        self._send_rest(r, data[sent:])
+                    r.cap_gb = cap
+
+    def _division(self, d: int, newcomer: _Job | None = None
+                  ) -> list[tuple[_Job, _Rank | None, float | None]]:
+        """Each running rank's cap on device ``d`` (and ``newcomer``'s, about to start
+        there: its rank None): each gets the most it was seen to hold and an even part of
+        what is left; while some are unprofiled, the others keep their peaks and the
+        unprofiled share the rest. So a packed pair cannot take each other's memory, and no
+        job is capped below what it holds; a job alone on its GPU is uncapped (None)."""
+        assert self.memory_gb is not None
+        ranks: list[tuple[_Job, _Rank | None]] = [
+            (job, r) for job in self.jobs.values() if not job.stopping
+            for r in job.ranks if r.exit is None and job.devices[r.rank] == d]
+        if newcomer is not None and d in newcomer.devices:
+            ranks.append((newcomer, None))
+        # a job stopped by signal keeps all it had; one suspended by the library, what it
+        # reported
+        here = [(job, r) for job, r in ranks if job.signalled or not job.suspended]
+        held = sum(self._counted_held(job, r)
+                   for job, r in ranks if job.suspended and not job.signalled)
+        memory = max(0.0, self.memory_gb - held)
+        peaks = [job.memory_gb for job, _ in here]
+        known = [p for p in peaks if p is not None]
+        rest = max(0.0, memory - sum(known))
+        caps: list[float | None]
+        if len(here) < 2:
+            caps = [memory if held else None] * len(here)
+        elif len(known) < len(peaks):
+            share = rest / (len(peaks) - len(known))
+            caps = [share if p is None else p for p in peaks]
+        else:
+            caps = [p + rest / len(peaks) for p in known]
+        return [(job, r, cap) for (job, r), cap in zip(here, caps, strict=True)]
 
     def _moves_in_place(self, job: _Job, devices: tuple[int, ...]) -> bool:
         """A one-process job that said it reads ``job.device`` at every step, suspended by
@@ -528,6 +542,9 @@ class Agent:
         # (a MIG instance is the only one its process sees: no in-place moves there)
         visible = gpus.visible(job.devices, len(self.devices),
                                job.id in self.in_place and not mig)
+        starts_capped = {} if self.memory_gb is None or not self.gpu else {
+            d: cap for d in set(job.devices) for j, r, cap in self._division(d, job)
+            if j is job and r is None}
         for rank in range(len(job.devices)):
             env = {**environment.for_jobs(), "TMPDIR": str(job.tmp), **job.launch.env,
                    "GANDIVA_JOB_ID": job.id,
@@ -551,6 +568,8 @@ class Agent:
             if self.gpu:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_ids[d] for d in visible)
                 env["GANDIVA_DEVICE"] = f"cuda:{rank}"  # visible[rank] is its own
+                if (cap := starts_capped.get(job.devices[rank])) is not None:
+                    env["GANDIVA_MEMORY_CAP_GB"] = repr(cap)  # (before its first allocation)
                 if self.cpu_backed:
                     env["GANDIVA_CPU_BACKED"] = "1"
             else:
@@ -600,6 +619,7 @@ class Agent:
                     os.close(log)
             ours.setblocking(False)
             r = _Rank(rank, proc, ours, visible)
+            r.cap_gb = starts_capped.get(job.devices[rank])  # (in its environment)
             job.ranks.append(r)
             self._sel.register(ours, selectors.EVENT_READ, (job, r))
         _record_pids(directory / "pids", [r.proc.pid for r in job.ranks])

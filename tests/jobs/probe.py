@@ -31,7 +31,7 @@ started = False
 for step in job.steps(total, in_place=in_place):
     if not started:  # after the restore: the step it goes on from
         write(event="start", pid=os.getpid(), step=step, device=str(job.device),
-              rank=job.rank, **seen)
+              rank=job.rank, cap=cap, **seen)
         started = True
     if job.memory_cap_gb != cap:
         cap = job.memory_cap_gb
