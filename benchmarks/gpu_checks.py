@@ -193,8 +193,10 @@ def run_alone(tmp: Path, name: str, command: list[str]) -> Path:
     from gandiva.job import checkpoint
 
     directory = tmp / "alone" / name
+    # on the GPU the interrupted run used (without GANDIVA_DEVICE the library trains on the
+    # CPU, and no run compares bit for bit)
     env = {**os.environ, "GANDIVA_CHECKPOINT_DIR": str(directory),
-           "GANDIVA_CHECKPOINT_EVERY_S": "1e9"}
+           "GANDIVA_CHECKPOINT_EVERY_S": "1e9", "GANDIVA_DEVICE": "cuda:0"}
     for k in ("GANDIVA_CONTROL_FD", "GANDIVA_JOB_ID"):
         env.pop(k, None)
     subprocess.run([sys.executable if c == "{python}" else c for c in command], env=env,
