@@ -79,5 +79,15 @@ class Confirmed:
     job_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class OutOfMemory:
+    """A job packed on a GPU ran out of its memory cap there (``torch.OutOfMemoryError``):
+    it starts again at once from its checkpoint, beside the same partner, until the policy
+    takes it off the GPU (a policy that packs should)."""
+
+    time: float
+    job_id: str
+
+
 Event = (Arrival | Departure | ProfileSample | Failure | Join | PriorityChange | Tick
-         | Confirmed)
+         | Confirmed | OutOfMemory)

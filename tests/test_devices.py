@@ -241,6 +241,37 @@ def test_a_job_packed_beside_another_starts_capped_before_its_first_allocation(
         gpu_agent.kill(jid)
 
 
+def test_a_packed_job_that_outgrows_its_cap_says_so_and_is_restarted_uncounted(
+        gpu_agent, tmp_path):
+    """Past its cap a packed job gets torch.OutOfMemoryError in its own process: the agent
+    tells the scheduler (``out-of-memory``, which should take it off the GPU) and starts it
+    again from its checkpoint without counting a crash (3 of those fail a job)."""
+    a = tmp_path / "a.jsonl"
+    gpu_agent.start("a", probe(a, 100_000), (1,))
+    until(lambda: gpu_agent.jobs["a"].memory_gb, what="a's peak")
+    script, marker = tmp_path / "grows.py", tmp_path / "grew"
+    script.write_text("import os, sys, time, torch\n"
+                      "import gandiva.job as gj\n"
+                      "job = gj.init()\n"
+                      "job.register(model=torch.nn.Linear(2, 2))\n"
+                      "for step in job.steps(20):\n"
+                      "    if job.memory_cap_gb is not None and not os.path.exists(sys.argv[1]):\n"
+                      "        open(sys.argv[1], 'w').close()  # (once)\n"
+                      "        raise torch.OutOfMemoryError('CUDA out of memory (stand-in)')\n"
+                      "    time.sleep(0.01)\n")
+    gpu_agent.start("b", Launch(["{python}", str(script), str(marker)]), (1,))  # packed
+    seen = []
+    while not seen or seen[-1].kind not in ("done", "failed"):
+        ev = gpu_agent.events.get(timeout=90)
+        if ev.job_id == "b":
+            seen.append(ev)
+    ends = [e for e in seen if e.kind not in ("profile", "started")]
+    assert [e.kind for e in ends] == ["out-of-memory", "done"], seen
+    assert "its memory cap" in ends[0].data["reason"]
+    assert "b" not in gpu_agent.jobs and marker.exists()
+    gpu_agent.kill("a")
+
+
 def test_a_packed_job_restarted_after_a_crash_keeps_its_peak_and_is_capped_at_once(
         gpu_agent, tmp_path):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"

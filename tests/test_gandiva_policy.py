@@ -300,6 +300,24 @@ def test_a_waiting_job_is_never_packed_onto_a_job_of_higher_priority():
     assert jcts(result)["high"] == pytest.approx(t - high.submit_time + jcts(alone)["high"])
 
 
+def test_a_packed_job_out_of_its_memory_share_leaves_the_gpu_and_never_pairs_there_again():
+    p = make_policy("gandiva")
+    c, book = hand_state("1x2", {"a": (1, (0,)), "b": (1, ()), "c": (1, (1,))}, policy=p)
+    for jid in "abc":
+        c.jobs[jid].memory_gb, c.jobs[jid].utilization = 4.0, 0.3
+    c.apply(A.Pack("b", (0,)))
+    book.assign(c.jobs["b"], (0,))
+    decided = []
+    for action in p.decide(E.OutOfMemory(50.0, "b"), c):
+        c.apply(action)
+        decided.append(action)
+    assert decided == [A.Unpack("b")]
+    assert frozenset({"a", "b"}) in p.packing.bad_pairs
+    assert not p.packing.may_pair(c.jobs["a"], c.jobs["b"], 16.0)  # never again...
+    assert p.packing.may_pair(c.jobs["c"], c.jobs["b"], 16.0)  # ...there; elsewhere it may
+    assert list(p.decide(E.OutOfMemory(60.0, "c"), c)) == []  # alone on its GPU: a crash
+
+
 def test_packing_undone_when_it_does_not_pay():
     result, sim = run("1x1:P40", "gandiva:-slices.keep_turn", job("a", 0, 1, 900, model="lstm"),
                       job("b", 10, 1, 900, model="lstm"))

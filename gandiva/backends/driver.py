@@ -538,6 +538,12 @@ class Driver:
             if job is not None and job.status is JobStatus.RUNNING:
                 self.handle(E.ProfileSample(now, ev.job_id, p.mini_batch_time,
                                              p.memory_gb, p.utilization, p.step))
+        elif ev.kind == "out-of-memory":  # a packed job outgrew its share: not a crash
+            rec.reason = ev.data.get("reason", "")
+            self.set(rec, "out-of-memory")
+            job = self.cluster.jobs.get(ev.job_id)
+            if job is not None and job.status is JobStatus.RUNNING:
+                self.handle(E.OutOfMemory(now, ev.job_id))
         elif ev.kind == "suspended":  # what its processes hold while suspended (NVML)
             rec.profile = {**(rec.profile or {}), "held_gb": ev.data.get("held_gb")}
         elif ev.kind == "restarted":

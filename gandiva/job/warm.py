@@ -180,11 +180,25 @@ def run(path: str) -> None:
     except BaseException as err:  # noqa: BLE001 - printed and turned into a status below
         sys.excepthook(type(err), err, err.__traceback__)  # before atexit, as Python does
         code, interrupted = 1, isinstance(err, KeyboardInterrupt)
+        if _out_of_memory(err):
+            code = OUT_OF_MEMORY
     wind_down(destroy=code in (0, None))
     if interrupted:  # Python dies of SIGINT then
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     sys.exit(code)
+
+
+# A script that died of running out of device memory (torch.OutOfMemoryError, as a cap
+# raises it) exits with this: the agent then tells the scheduler (a packed job outgrew its
+# share of the GPU), rather than count a crash
+OUT_OF_MEMORY = 86
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    torch = sys.modules.get("torch")
+    kind = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    return kind is not None and isinstance(err, kind)
 
 
 def rendezvous_in_a_file(path: str) -> None:

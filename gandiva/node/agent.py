@@ -47,6 +47,7 @@ from typing import Any
 
 from gandiva.backends.nodes import AgentEvent, Launch
 from gandiva.job import checkpoint, wire
+from gandiva.job.warm import OUT_OF_MEMORY
 from gandiva.node import accounts, cgroups, environment, torchrun
 from gandiva.node import devices as gpus
 from gandiva.node.accounts import Account
@@ -135,6 +136,7 @@ class _Job:
     suspended: bool = False
     signalled: bool = False  # suspended with SIGSTOP
     restarts: int = 0
+    ooms: int = 0  # restarts for running out of a memory cap (not counted as restarts)
     step: int = 0
     memory_gb: float | None = None  # the most device memory it was seen to hold
     lingering_since: float | None = None  # when some ranks had ended well and others not
@@ -909,8 +911,23 @@ class Agent:
 
     def _crashed(self, job: _Job, codes: list[int | None], hung: bool = False) -> None:
         """A rank died unasked, or the job is ``hung`` (silent for ``hang_s``): stop the
-        gang, restart it from its checkpoint or fail it."""
+        gang, restart it from its checkpoint or fail it. A packed job that ran out of its
+        share of the GPU (``warm.OUT_OF_MEMORY``, with a cap) is restarted without counting
+        it, up to ``max_restarts`` times, and the scheduler told (``out-of-memory``): it
+        should take the job off the GPU."""
+        capped = any(r.cap_gb is not None for r in job.ranks)
         self._kill(job)
+        if (not hung and capped and job.gang is None and job.ooms < self.max_restarts
+                and OUT_OF_MEMORY in [r.exit for r in job.ranks]):
+            why = "ran out of its share of a GPU it shares (its memory cap)"
+            self._log(job, f"{why}: started again from its checkpoint")
+            self.events.put(AgentEvent("out-of-memory", job.id, {"reason": why}))
+            fresh = _Job(job.id, job.launch, job.devices, restarts=job.restarts,
+                         memory_gb=job.memory_gb, ooms=job.ooms + 1)
+            self.jobs[job.id] = fresh
+            self._spawn(fresh)
+            self._cap(fresh.devices)
+            return
         if hung:
             why = (f"{HUNG} no report from any rank for {self.hang_s:g} s (a rank stuck in a "
                    "collective, or a loop without boundaries); killed")
@@ -932,7 +949,7 @@ class Agent:
             # it keeps its peak, and is capped again at once beside its GPU-mates (not at its
             # next profile: until then both would run uncapped)
             fresh = _Job(job.id, job.launch, job.devices, restarts=job.restarts,
-                         memory_gb=job.memory_gb)
+                         memory_gb=job.memory_gb, ooms=job.ooms)
             self.jobs[job.id] = fresh
             self._spawn(fresh)
             self._cap(fresh.devices)

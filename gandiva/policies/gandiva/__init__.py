@@ -178,6 +178,9 @@ class Gandiva:
                     self._stuck = False
                     yield action
             return
+        elif isinstance(event, E.OutOfMemory):
+            yield from self.packing.out_of_memory(cluster, cluster.jobs[event.job_id])
+            return
 
         due = []
         if isinstance(event, E.Tick):

@@ -182,6 +182,18 @@ class Packing:
                 self.bad_pairs.add(frozenset((guest_id, host_id)))
                 yield A.Unpack(guest_id)
 
+    def out_of_memory(self, cluster: Cluster, job: Job) -> Decision[None]:
+        """``job`` outgrew its share of a GPU it shares: it never pairs with its GPU-mates
+        again, and leaves the GPU (to be time-sliced, and spread out as a GPU frees)."""
+        if job.status is not JobStatus.RUNNING or not shares_gpu(cluster, job):
+            return
+        for g in job.gpus:
+            for mate in cluster.gpus[g].jobs:
+                if mate != job.id:
+                    self.bad_pairs.add(frozenset((job.id, mate)))
+        self.trials.end(job.id)
+        yield A.Unpack(job.id)
+
     # ---- spreading out ------------------------------------------------------------------
     def spread_out(self, cluster: Cluster, server: int) -> Decision[None]:
         """When the server has a free GPU, a packed job takes it. The move stays on the
