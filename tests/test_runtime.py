@@ -508,6 +508,34 @@ def test_a_gang_whose_finished_rank_sits_in_teardown_ends_done_and_the_straggler
         agent.close()
 
 
+def test_a_gangs_rank_0_idle_after_the_others_ended_well_is_hung_at_exit_and_the_job_done(
+        zygote, tmp_path):
+    """A plain script's rank 0 (no library: it says nothing of its end) printed its result,
+    its gang ended well, and it sits in its teardown computing nothing (the deadlock of a
+    gloo group's destructor): after the grace of no CPU it is killed and the job is done.
+    (Rank 0 may still be saving: a rank that computes is waited for.)"""
+    agent = Agent(tmp_path / "agent", ["cpu:0", "cpu:1"], checkpoint_every_s=1e9,
+                  exit_grace_s=2.0, zygote=zygote)
+    script = tmp_path / "stuck.py"
+    script.write_text("import threading\n"
+                      "import torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      "dist.barrier()\n"
+                      "if dist.get_rank() == 0:\n"
+                      "    print('result 42', flush=True)\n"
+                      "    threading.Event().wait()  # (blocked for good, no CPU)\n")
+    try:
+        agent.start("s", Launch(["{python}", str(script)]), (0, 1))
+        ev = agent.events.get(timeout=90)
+        while ev.job_id != "s" or ev.kind not in ("failed", "done"):
+            ev = agent.events.get(timeout=90)
+        assert ev.kind == "done" and ev.data["stragglers"] == 1, ev
+        log = agent.read_log("s", 0).decode()
+        assert "result 42" in log and "rank(s) [0] idle 2 s after the others ended well" in log
+    finally:
+        agent.close()
+
+
 @pytest.mark.parametrize("how", ["warm", "cold"])
 def test_what_a_job_left_running_in_a_session_of_its_own_is_gone_when_the_job_ends(
         zygote, tmp_path, how):

@@ -141,6 +141,8 @@ class _Job:
     memory_gb: float | None = None  # the most device memory it was seen to hold
     lingering_since: float | None = None  # when some ranks had ended well and others not
     stopped_at: float | None = None  # when it was stopped by signal (``SIGNAL_STOP_MAX_S``)
+    idle_since: float | None = None  # since when its running ranks used no CPU (``_idle_for``)
+    cpu_seen: int = 0  # ...and the CPU ticks they had used then
     heard: float = field(default_factory=time.monotonic)  # its last report, or its (re)start
     parked: bool = False  # suspended by checkpoint-and-exit: a resume starts it again
     acks: dict[str, threading.Event] = field(default_factory=dict)
@@ -878,8 +880,13 @@ class Agent:
                     self._crashed(job, codes)
                     continue
                 # the wait starts when the gang's rank 0 has ended (here, or on its node):
-                # other ranks may end first while rank 0 saves or evaluates at the end
+                # other ranks may end first while rank 0 saves or evaluates at the end...
                 if job.first == 0 and job.ranks[0].exit is None:
+                    # ...but a rank 0 that computes nothing for the grace, the others gone,
+                    # is hung on its way out (issue 54's stack: its group's destructor joins
+                    # a thread that waits for the GIL it holds)
+                    if _idle_for(job, self.exit_grace_s):
+                        self._lingered(job, self.exit_grace_s, idle=True)
                     continue
                 job.lingering_since = job.lingering_since or time.monotonic()
                 finished = all(r.done for r in job.ranks if r.exit is None)
@@ -887,18 +894,20 @@ class Agent:
                 if time.monotonic() - job.lingering_since >= grace:
                     self._lingered(job, grace)
 
-    def _lingered(self, job: _Job, grace: float) -> None:
+    def _lingered(self, job: _Job, grace: float, idle: bool = False) -> None:
         """Rank 0 (on a node without it: some rank) ended well and the others did not follow
-        within ``grace``: kill them.
-        If each had said its training was over, they hung on the way out: the job is done,
-        the stragglers counted (``stragglers`` in its event); else it fails, naming them (a
-        restart would hang again where they hang)."""
+        within ``grace`` (or, ``idle``, the others ended well and rank 0 computed nothing for
+        ``grace``): kill them.
+        If each had said its training was over, or sat idle with its gang gone, they hung on
+        the way out: the job is done, the stragglers counted (``stragglers`` in its event);
+        else it fails, naming them (a restart would hang again where they hang)."""
         late = [job.first + r.rank for r in job.ranks if r.exit is None]
-        finished = all(r.done for r in job.ranks if r.exit is None)
+        finished = idle or all(r.done for r in job.ranks if r.exit is None)
         self._kill(job)
         self.jobs.pop(job.id, None)
         self.ended.add(job.id)
-        gone = f"rank(s) {late} still running {grace:g} s after the others ended"
+        gone = (f"rank(s) {late} idle {grace:g} s after the others ended well" if idle else
+                f"rank(s) {late} still running {grace:g} s after the others ended")
         self._log(job, f"{gone}: killed")
         if finished:
             self.events.put(AgentEvent("done", job.id, {"step": job.step, "run": job.run,
@@ -1118,6 +1127,29 @@ def _kill_leftovers(path: Path) -> None:
                 os.killpg(int(pid), signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _idle_for(job: _Job, seconds: float) -> bool:
+    """Whether the job's running ranks have used no CPU time for ``seconds`` (asked at each
+    look; a rank that computes, or one stopped by signal, starts the count again)."""
+    if job.signalled:
+        job.idle_since = None
+        return False
+    used = sum(_cpu_ticks(r.proc.pid) for r in job.ranks if r.exit is None)
+    now = time.monotonic()
+    if job.idle_since is None or used != job.cpu_seen:
+        job.idle_since, job.cpu_seen = now, used
+        return False
+    return now - job.idle_since >= seconds
+
+
+def _cpu_ticks(pid: int) -> int:
+    """The CPU time (user and system, in clock ticks) of ``pid`` and its threads so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
 
 
 def _remove_left_tmp(record: Path) -> None:
