@@ -1130,8 +1130,10 @@ def _kill_leftovers(path: Path) -> None:
 
 
 def _idle_for(job: _Job, seconds: float) -> bool:
-    """Whether the job's running ranks have used no CPU time for ``seconds`` (asked at each
-    look; a rank that computes, or one stopped by signal, starts the count again)."""
+    """Whether the main threads of the job's running ranks have used no CPU time for
+    ``seconds`` (asked at each look; a rank that computes, or one stopped by signal, starts
+    the count again). The main thread alone: gloo's own threads tick on (its transport
+    loop, a worker polling for the GIL) while the main thread sits in a join."""
     if job.signalled:
         job.idle_since = None
         return False
@@ -1144,9 +1146,9 @@ def _idle_for(job: _Job, seconds: float) -> bool:
 
 
 def _cpu_ticks(pid: int) -> int:
-    """The CPU time (user and system, in clock ticks) of ``pid`` and its threads so far."""
+    """The CPU time (user and system, in clock ticks) of ``pid``'s main thread so far."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0
     return int(fields[11]) + int(fields[12])
