@@ -508,6 +508,25 @@ def test_a_gang_whose_finished_rank_sits_in_teardown_ends_done_and_the_straggler
         agent.close()
 
 
+@pytest.mark.parametrize("how", ["warm", "cold"])
+def test_a_backward_puts_no_python_object_in_the_threads_state_without_a_compiled_one(
+        agent, tmp_path, how):
+    """(The cause of the DDP gangs that hung at their end: the collectives a backward starts
+    capture the thread's state, and a Python object in it must be dropped under the GIL.)"""
+    script = tmp_path / "backward.py"
+    script.write_text("import torch\n"
+                      "seen = []\n"
+                      "w = torch.ones(2, requires_grad=True)\n"
+                      "y = w * 2\n"
+                      "y.register_hook(lambda g: seen.append(torch._C._is_key_in_tls('context')))\n"
+                      "y.sum().backward()\n"
+                      "print('IN STATE', seen, flush=True)\n")
+    env = {"PYTHONHASHSEED": "0"} if how == "cold" else {}  # (acts at start-up: cold)
+    agent.start("b", Launch(["{python}", str(script)], env=env), (0,))
+    wait_for(agent, "done", "b")
+    assert "IN STATE [False]" in agent.read_log("b").decode()
+
+
 def test_a_gangs_rank_0_idle_after_the_others_ended_well_is_hung_at_exit_and_the_job_done(
         zygote, tmp_path):
     """A plain script's rank 0 (no library: it says nothing of its end) printed its result,

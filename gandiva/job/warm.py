@@ -171,6 +171,7 @@ def run(path: str) -> None:
     code: str | int | None = 0
     interrupted = False
     output.install()  # a full disk drops log lines, not the job
+    no_context_in_backward()
     if os.environ.get("GANDIVA_RENDEZVOUS_FILE"):
         rendezvous_in_a_file(os.environ["GANDIVA_RENDEZVOUS_FILE"])
     try:
@@ -187,6 +188,40 @@ def run(path: str) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     sys.exit(code)
+
+
+def no_context_in_backward() -> None:
+    """Run backward passes without putting a Python object in the thread's state, unless a
+    compiled backward needs it.
+
+    torch (2.13) stashes ``contextvars.copy_context()`` in its thread-local state for every
+    backward (``autograd.graph._engine_run_backward``), for AOT-compiled backward code to
+    read. Every collective a DDP reducer starts during the backward captures that state; a
+    gloo work destroyed on its worker thread must then take the GIL to drop the context.
+    When the script's end destroys the process group while holding the GIL, its destructor
+    joins that worker, which waits for the GIL: the gang's rank hangs for ever (issue 54's
+    stack, reproduced with plain DDP scripts time-sliced under load). Without a compiled
+    backward (dynamo's AOT count at 0) the context is read by nothing, so it is not stashed;
+    with one, torch's own path runs."""
+    if "torch" not in sys.modules:  # a cold start: torch is imported here, as the script
+        import importlib.util  # would (a script without torch: nothing to do)
+
+        if importlib.util.find_spec("torch") is None:
+            return
+    import torch.autograd as autograd
+    import torch.autograd.graph as graph
+    from torch.autograd.variable import Variable
+
+    stashing = graph._engine_run_backward  # type: ignore[attr-defined]
+
+    def run_backward(t_outputs, *args, **kwargs):  # type: ignore[no-untyped-def]
+        utils = sys.modules.get("torch._dynamo.utils")
+        if utils is not None and utils.counters["aot_autograd"]["total"]:
+            return stashing(t_outputs, *args, **kwargs)
+        return Variable._execution_engine.run_backward(t_outputs, *args, **kwargs)
+
+    setattr(graph, "_engine_run_backward", run_backward)  # noqa: B010 - (torch's own
+    setattr(autograd, "_engine_run_backward", run_backward)  # noqa: B010 - private names)
 
 
 # A script that died of running out of device memory (torch.OutOfMemoryError, as a cap
