@@ -34,7 +34,10 @@ import socket
 import sys
 import tempfile
 import threading
+from collections.abc import Callable, Sequence
+from importlib.machinery import ModuleSpec
 from pathlib import Path
+from types import ModuleType
 
 from gandiva.job import output, wire
 
@@ -203,11 +206,9 @@ def no_context_in_backward() -> None:
     stack, reproduced with plain DDP scripts time-sliced under load). Without a compiled
     backward (dynamo's AOT count at 0) the context is read by nothing, so it is not stashed;
     with one, torch's own path runs."""
-    if "torch" not in sys.modules:  # a cold start: torch is imported here, as the script
-        import importlib.util  # would (a script without torch: nothing to do)
-
-        if importlib.util.find_spec("torch") is None:
-            return
+    if "torch.autograd" not in sys.modules:  # a cold start: when the script imports it
+        sys.meta_path.insert(0, _OnImport("torch.autograd", no_context_in_backward))
+        return
     import torch.autograd as autograd
     import torch.autograd.graph as graph
     from torch.autograd.variable import Variable
@@ -222,6 +223,33 @@ def no_context_in_backward() -> None:
 
     setattr(graph, "_engine_run_backward", run_backward)  # noqa: B010 - (torch's own
     setattr(autograd, "_engine_run_backward", run_backward)  # noqa: B010 - private names)
+
+
+class _OnImport:
+    """Call ``then()`` once the module ``name`` has been imported (and only then: a cold
+    start does not import torch before its script does)."""
+
+    def __init__(self, name: str, then: Callable[[], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        run, then = spec.loader.exec_module, self.then
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            then()
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
 
 
 # A script that died of running out of device memory (torch.OutOfMemoryError, as a cap
