@@ -260,12 +260,9 @@ def test_a_packed_job_that_outgrows_its_cap_says_so_and_is_restarted_uncounted(
                       "        raise torch.OutOfMemoryError('CUDA out of memory (stand-in)')\n"
                       "    time.sleep(0.01)\n")
     gpu_agent.start("b", Launch(["{python}", str(script), str(marker)]), (1,))  # packed
-    seen = []
-    while not seen or seen[-1].kind not in ("done", "failed"):
-        ev = gpu_agent.events.get(timeout=90)
-        if ev.job_id == "b":
-            seen.append(ev)
-    ends = [e for e in seen if e.kind not in ("profile", "started")]
+    seen: list = []
+    wait_for(gpu_agent, "done", "b", timeout=90, seen=seen)
+    ends = [e for e in seen if e.job_id == "b" and e.kind not in ("profile", "started")]
     assert [e.kind for e in ends] == ["out-of-memory", "done"], seen
     assert "its memory cap" in ends[0].data["reason"]
     assert "b" not in gpu_agent.jobs and marker.exists()

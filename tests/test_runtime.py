@@ -496,10 +496,8 @@ def test_a_gang_whose_finished_rank_sits_in_teardown_ends_done_and_the_straggler
                       "    time.sleep(600)\n")
     try:
         agent.start("t", Launch(["{python}", str(script)]), (0, 1))
-        ev = agent.events.get(timeout=90)
-        while ev.job_id != "t" or ev.kind not in ("failed", "done"):
-            ev = agent.events.get(timeout=90)
-        assert ev.kind == "done" and ev.data["stragglers"] == 1, ev
+        ev = wait_for(agent, "done", "t", timeout=90)
+        assert ev.data["stragglers"] == 1, ev
         assert "rank 1 sits in teardown" in agent.read_log("t", 1).decode()
         said = "rank(s) [1] still running 10 s after the others ended: killed"
         assert said in agent.read_log("t", 0).decode()  # (the agent's lines: rank 0's log)
@@ -545,10 +543,8 @@ def test_a_gangs_rank_0_idle_after_the_others_ended_well_is_hung_at_exit_and_the
                       "    threading.Event().wait()  # (blocked for good, no CPU)\n")
     try:
         agent.start("s", Launch(["{python}", str(script)]), (0, 1))
-        ev = agent.events.get(timeout=90)
-        while ev.job_id != "s" or ev.kind not in ("failed", "done"):
-            ev = agent.events.get(timeout=90)
-        assert ev.kind == "done" and ev.data["stragglers"] == 1, ev
+        ev = wait_for(agent, "done", "s", timeout=90)
+        assert ev.data["stragglers"] == 1, ev
         log = agent.read_log("s", 0).decode()
         assert "result 42" in log and "rank(s) [0] idle 2 s after the others ended well" in log
     finally:
@@ -736,12 +732,9 @@ def test_a_first_mini_batch_longer_than_the_hang_limit_is_not_taken_for_a_hang(
                       "        time.sleep(5)  # the first mini-batch: compiled\n")
     try:
         agent.start("c", Launch(["{python}", str(script)]), (0,))
-        kinds = []
-        ev = agent.events.get(timeout=90)
-        while ev.job_id != "c" or ev.kind not in ("failed", "done", "crashed"):
-            kinds.append(ev.kind)
-            ev = agent.events.get(timeout=90)
-        assert ev.kind == "done" and "restarted" not in kinds, (ev, kinds)
+        seen: list = []
+        wait_for(agent, "done", "c", timeout=90, seen=seen)
+        assert "restarted" not in [e.kind for e in seen], seen
     finally:
         agent.close()
 

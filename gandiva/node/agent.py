@@ -931,11 +931,7 @@ class Agent:
             why = "ran out of its share of a GPU it shares (its memory cap)"
             self._log(job, f"{why}: started again from its checkpoint")
             self.events.put(AgentEvent("out-of-memory", job.id, {"reason": why}))
-            fresh = _Job(job.id, job.launch, job.devices, restarts=job.restarts,
-                         memory_gb=job.memory_gb, ooms=job.ooms + 1)
-            self.jobs[job.id] = fresh
-            self._spawn(fresh)
-            self._cap(fresh.devices)
+            self._start_again(job, ooms=job.ooms + 1)
             return
         if hung:
             why = (f"{HUNG} no report from any rank for {self.hang_s:g} s (a rank stuck in a "
@@ -955,16 +951,20 @@ class Agent:
             job.restarts += 1
             self.events.put(AgentEvent("restarted", job.id, {"reason": why,
                                                              "attempt": job.restarts + 1}))
-            # it keeps its peak, and is capped again at once beside its GPU-mates (not at its
-            # next profile: until then both would run uncapped)
-            fresh = _Job(job.id, job.launch, job.devices, restarts=job.restarts,
-                         memory_gb=job.memory_gb, ooms=job.ooms)
-            self.jobs[job.id] = fresh
-            self._spawn(fresh)
-            self._cap(fresh.devices)
+            self._start_again(job, ooms=job.ooms)
             return
         self._finish(job, f"{why} after {job.restarts} restarts; end of its log:\n"
                           + self.log_tail(job.id))
+
+    def _start_again(self, job: _Job, ooms: int) -> None:
+        """A new run of a crashed job, on its devices. It keeps its peak, and is capped again
+        at once beside its GPU-mates (not at its next profile: until then both would run
+        uncapped)."""
+        fresh = _Job(job.id, job.launch, job.devices, restarts=job.restarts,
+                     memory_gb=job.memory_gb, ooms=ooms)
+        self.jobs[job.id] = fresh
+        self._spawn(fresh)
+        self._cap(fresh.devices)
 
     def _finish(self, job: _Job, reason: str) -> None:
         _remove_tmp(job)  # (one that never started, too)
@@ -1086,14 +1086,20 @@ def _cold(command: list[str], python: str) -> list[str]:
     return command
 
 
+def _stat(path: str) -> list[str] | None:
+    """The fields of a /proc ``stat`` file after the command's name (from the state on),
+    None if the process is gone."""
+    try:
+        return Path(path).read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def _start_time(pid: int) -> str | None:
     """The kernel's start time of ``pid`` (Linux), to tell a process from a later one that
     reuses its number."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
+    fields = _stat(f"/proc/{pid}/stat")
+    return fields[19] if fields else None
 
 
 class Looks:
@@ -1147,11 +1153,8 @@ def _idle_for(job: _Job, seconds: float) -> bool:
 
 def _cpu_ticks(pid: int) -> int:
     """The CPU time (user and system, in clock ticks) of ``pid``'s main thread so far."""
-    try:
-        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0
-    return int(fields[11]) + int(fields[12])
+    fields = _stat(f"/proc/{pid}/task/{pid}/stat")
+    return int(fields[11]) + int(fields[12]) if fields else 0
 
 
 def _remove_left_tmp(record: Path) -> None:
