@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -317,6 +318,44 @@ def test_a_gpu_job_stopped_by_signal_past_the_bound_is_preempted_and_starts_agai
         until(lambda: agent.read_log("p").decode().count("training") == 2,
               what="p's second start")
         agent.kill("p")
+    finally:
+        agent.close()
+
+
+def test_a_signal_stop_is_bounded_by_half_the_collective_timeout_the_job_reported(
+        zygote, tmp_path, monkeypatch):
+    """A library job whose mini-batch outlasts the suspend's wait is stopped by signal; its
+    process group's timeout (here 2 s, said in its profiles) bounds the stop to 1 s, far
+    below the agent's own bound, so its watchdog never finds a collective timed out."""
+    from gandiva.node import agent as agent_module
+
+    assert agent_module.stop_bound(300.0, None) == 300.0  # nothing reported: 5 minutes
+    assert agent_module.stop_bound(300.0, 600.0) == 300.0  # NCCL's default 10 minutes
+    assert agent_module.stop_bound(300.0, 2.0) == 1.0
+    monkeypatch.setattr(agent_module, "ACK_TIMEOUT_S", 0.3)
+    slow = tmp_path / "slow"
+    script = tmp_path / "grouped.py"
+    script.write_text(
+        "import datetime, os, sys, time, torch, torch.distributed as dist\n"
+        "import gandiva.job as gj\n"
+        "dist.init_process_group('gloo', rank=0, world_size=1, init_method='file://'\n"
+        "                        + sys.argv[1] + '.store', timeout=datetime.timedelta(seconds=2))\n"
+        "job = gj.init()\n"
+        "job.register(model=torch.nn.Linear(2, 2))\n"
+        "for step in job.steps(100_000):\n"
+        "    time.sleep(2.0 if os.path.exists(sys.argv[1]) else 0.02)\n")
+    agent = Agent(tmp_path / "agent", ["cuda:0"], checkpoint_every_s=1e9, cpu_backed=True,
+                  zygote=zygote)
+    try:
+        agent.start("t", Launch(["{python}", str(script), str(slow)]), (0,))
+        until(lambda: agent.jobs["t"].collective_timeout_s == 2.0, what="its group's timeout")
+        slow.touch()  # its mini-batches now outlast the suspend's wait
+        time.sleep(0.1)
+        agent.suspend("t")
+        assert agent.jobs["t"].signalled
+        ev = wait_for(agent, "suspended", "t", timeout=30)
+        assert ev.data == {"held_gb": None, "stopped": True}
+        assert "stopped by signal for 1 s" in agent.read_log("t").decode()
     finally:
         agent.close()
 

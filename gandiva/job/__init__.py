@@ -138,6 +138,7 @@ class Job:
         if math.isfinite(cap) and cap >= 0:
             self.limit(cap)
         self._pg: Any = None  # torch.distributed, once the gang's group exists
+        self._collective_timeout_s: float | None = None  # its group's (see ``distributed``)
         self._control: Any = None  # the group ranks agree through (None: the default group)
         # how a framework writes its own checkpoint (every rank calls it; see ``save``)
         self.writer: Callable[[Path], None] | None = None
@@ -188,6 +189,7 @@ class Job:
         if not _cpu_capable(str(dist.get_backend())):
             self._control = dist.new_group(backend="gloo")
         self._pg = dist
+        self._collective_timeout_s = _group_timeout_s(dist)
         if self.world_size > 1:
             self._hello()
 
@@ -650,7 +652,8 @@ class Job:
             memory_gb=self._memory_gb(), utilization=self._utilization(cpu, elapsed),
             samples_per_s=self._window_samples / elapsed if elapsed else 0.0,
             metrics={k: v for k, v in self.metrics.items() if math.isfinite(v)},
-            series=self._series()))  # (NaN and infinities left out of both: see _series)
+            series=self._series(),  # (NaN and infinities left out of both: see _series)
+            collective_timeout_s=self._collective_timeout_s))
         self._new_window(first=False)
 
     def _new_window(self, first: bool) -> None:
@@ -721,6 +724,19 @@ def _cpu_capable(backend: str) -> bool:
     """Whether a process group of ``backend`` (e.g. ``nccl``, ``gloo``,
     ``cpu:gloo,cuda:nccl``) can all-reduce a CPU tensor."""
     return any(b in backend.lower() for b in ("gloo", "mpi"))
+
+
+def _group_timeout_s(dist: Any) -> float | None:
+    """The shortest collective timeout of the default process group's backends (10 min
+    for NCCL, 30 for gloo unless the script said otherwise), if torch tells it."""
+    import torch
+
+    try:
+        group = dist.distributed_c10d._get_default_group()
+        return min(group._get_backend(torch.device(kind)).options._timeout.total_seconds()
+                   for kind in group._device_types)
+    except Exception:  # noqa: BLE001 - private API of torch's: if it moves, unknown
+        return None
 
 
 _job: Job | None = None

@@ -144,6 +144,9 @@ class Profile:
     samples_per_s: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
     series: dict[str, list[list[float]]] = field(default_factory=dict)
+    # the timeout of the script's process group, if it has one: NCCL's watchdog aborts a
+    # collective older than this, and its clock runs while the process is stopped by signal
+    collective_timeout_s: float | None = None
     ev: ClassVar[str] = "profile"
 
 

@@ -141,6 +141,7 @@ class _Job:
     memory_gb: float | None = None  # the most device memory it was seen to hold
     lingering_since: float | None = None  # when some ranks had ended well and others not
     stopped_at: float | None = None  # when it was stopped by signal (``SIGNAL_STOP_MAX_S``)
+    collective_timeout_s: float | None = None  # its process group's, as it reported
     idle_since: float | None = None  # since when its running ranks used no CPU (``_idle_for``)
     cpu_seen: int = 0  # ...and the CPU ticks they had used then
     heard: float = field(default_factory=time.monotonic)  # its last report, or its (re)start
@@ -449,12 +450,18 @@ class Agent:
                 return
         self._terminate(job)
 
+    def _stop_bound(self, job: _Job) -> float:
+        """How long ``job`` may stay stopped by signal on a GPU: ``signal_stop_max_s``, or
+        half its process group's timeout if that is shorter (its watchdog must not find a
+        collective timed out when it wakes)."""
+        return stop_bound(self.signal_stop_max_s, job.collective_timeout_s)
+
     def _preempt(self, job: _Job) -> None:
-        """A job stopped by signal for ``signal_stop_max_s``: checkpointed and stopped (a
+        """A job stopped by signal for ``_stop_bound``: checkpointed and stopped (a
         script without the library: SIGTERM), to start again where it is resumed."""
         if self.jobs.get(job.id) is not job or not job.signalled or job.stopping:
             return  # resumed or stopped meanwhile
-        self._log(job, f"stopped by signal for {self.signal_stop_max_s:g} s, past what a "
+        self._log(job, f"stopped by signal for {self._stop_bound(job):g} s, past what a "
                        "GPU job's NCCL timeout allows: checkpointed and stopped instead")
         self.stop(job.id, checkpoint=True)
         job.parked = True
@@ -804,6 +811,7 @@ class Agent:
                 job.aware = True
             elif isinstance(msg, wire.Profile) and first:
                 job.step = msg.step
+                job.collective_timeout_s = msg.collective_timeout_s
                 if msg.memory_gb > (job.memory_gb or 0.0):
                     job.memory_gb = msg.memory_gb
                     self._cap(job.devices)  # its GPU-mates' parts follow its new peak
@@ -860,7 +868,7 @@ class Agent:
                             and time.monotonic() - job.heard >= self.hang_s):
                         self._crashed(job, codes, hung=True)
                     elif (self.gpu and job.signalled and job.stopped_at is not None
-                          and time.monotonic() - job.stopped_at >= self.signal_stop_max_s):
+                          and time.monotonic() - job.stopped_at >= self._stop_bound(job)):
                         job.stopped_at = None  # (a stop waits on the reader: not here)
                         threading.Thread(target=self._preempt, args=(job,), daemon=True,
                                          name=f"gandiva-preempt-{job.id}").start()
@@ -1033,6 +1041,14 @@ def _remove_tmp(job: _Job) -> None:
     if job.tmp is not None:
         shutil.rmtree(job.tmp, ignore_errors=True)
         job.tmp = None
+
+
+def stop_bound(most_s: float, collective_timeout_s: float | None) -> float:
+    """How long a GPU job may stay stopped by signal: ``most_s``, or half its process
+    group's collective timeout where it reported a shorter one."""
+    if collective_timeout_s is None or collective_timeout_s <= 0:
+        return most_s
+    return min(most_s, collective_timeout_s / 2)
 
 
 def _held(job: _Job, r: _Rank) -> float | None:
