@@ -270,6 +270,90 @@ def test_a_packed_job_that_outgrows_its_cap_says_so_and_is_restarted_uncounted(
     gpu_agent.kill("a")
 
 
+def test_a_packed_job_out_of_memory_again_and_again_is_restarted_a_bounded_number_of_times(
+        zygote, tmp_path):
+    """Uncounted restarts for running out of a cap are bounded too (``max_restarts``); past
+    them an out-of-memory exit is a crash like any other, and the job ends failed."""
+    agent = Agent(tmp_path / "agent", ["cuda:0"], checkpoint_every_s=1e9, cpu_backed=True,
+                  memory_gb=10.0, max_restarts=1, zygote=zygote)
+    script = tmp_path / "hog.py"
+    script.write_text("import time, torch\n"
+                      "import gandiva.job as gj\n"
+                      "job = gj.init()\n"
+                      "job.register(model=torch.nn.Linear(2, 2))\n"
+                      "for step in job.steps(100_000):\n"
+                      "    if job.memory_cap_gb is not None:\n"
+                      "        raise torch.OutOfMemoryError('CUDA out of memory (stand-in)')\n"
+                      "    time.sleep(0.01)\n")
+    try:
+        agent.start("a", probe(tmp_path / "a.jsonl", 100_000), (0,))
+        until(lambda: agent.jobs["a"].memory_gb, what="a's peak")
+        agent.start("b", Launch(["{python}", str(script)]), (0,))  # capped from its start
+        seen: list = []
+        with pytest.raises(AssertionError, match="after 1 restarts"):
+            wait_for(agent, "done", "b", timeout=90, seen=seen)
+        ends = [e.kind for e in seen if e.job_id == "b" and e.kind not in ("profile", "started")]
+        assert ends == ["out-of-memory", "restarted", "failed"], seen
+    finally:
+        agent.close()
+
+
+def test_a_packed_job_nvml_sees_over_its_cap_twice_in_a_row_is_said_out_of_memory_once(
+        gpu_agent, tmp_path, monkeypatch):
+    """The cap binds the caching allocator only: memory outside it (NCCL's buffers, a second
+    context) is seen in NVML's readings. One reading over cap and margin is not enough (a
+    transient); two in a row are, and the scheduler is told once; unknown counts as neither."""
+    from types import SimpleNamespace
+
+    from gandiva.node import agent as agent_module
+
+    monkeypatch.setattr(agent_module, "CAP_READ_S", 0.2)
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    gpu_agent.start("a", probe(a, 100_000), (1,))
+    until(lambda: gpu_agent.jobs["a"].memory_gb, what="a's peak")
+    gpu_agent.start("b", probe(b, 100_000), (1,))  # packed on a's GPU
+    until(lambda: all(r.cap_gb for j in "ab" for r in gpu_agent.jobs[j].ranks),
+          what="both capped")
+    over = {"b": [None, 2.0, None, 2.0, 0.0]}  # (GB over cap: unknown, over once, ...)
+
+    class Driver:  # NVML's readings of the two jobs' processes
+        def nvmlDeviceGetCount(self):
+            return 1
+
+        def nvmlDeviceGetHandleByIndex(self, index):
+            return index
+
+        def nvmlDeviceGetComputeRunningProcesses(self, handle):
+            listed = []
+            for jid in "ab":
+                r = gpu_agent.jobs[jid].ranks[0]
+                extra = over[jid].pop(0) if over.get(jid) else 0.0
+                used = None if extra is None else int((r.cap_gb + extra) * 2**30)
+                listed.append(SimpleNamespace(pid=r.proc.pid, usedGpuMemory=used))
+            return listed
+
+    events: list = []
+    try:
+        nvml.use(Driver())
+        until(lambda: not over["b"], what="five readings")
+        time.sleep(0.5)
+        while not gpu_agent.events.empty():
+            events.append(gpu_agent.events.get())
+        assert "out-of-memory" not in [e.kind for e in events]  # never twice in a row
+        over["b"] = [2.0] * 1000  # from now on, over
+        ev = wait_for(gpu_agent, "out-of-memory", "b", timeout=30, seen=events)
+        assert "two readings" in ev.data["reason"] and "its cap" in ev.data["reason"]
+        time.sleep(1.0)  # said once, not at every reading
+        while not gpu_agent.events.empty():
+            events.append(gpu_agent.events.get())
+        assert [e.job_id for e in events if e.kind == "out-of-memory"] == ["b"]
+        assert "two readings" in gpu_agent.read_log("b").decode()
+    finally:
+        nvml.use(None)
+    for jid in "ab":
+        gpu_agent.kill(jid)
+
+
 def test_a_packed_job_restarted_after_a_crash_keeps_its_peak_and_is_capped_at_once(
         gpu_agent, tmp_path):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
@@ -496,6 +580,44 @@ def test_held_memory_the_driver_cannot_tell_is_unknown_never_zero():
         assert nvml.held_gb() is None
     finally:
         nvml.use(None)  # (asked again: this machine's own, none)
+
+
+def test_a_cap_leaves_the_allocator_what_is_left_beside_what_the_process_holds_outside_it():
+    """A cap counts as the driver does (context, NCCL's buffers and all); only the caching
+    allocator can be limited, so it gets the cap less the rest: measured by NVML against
+    the allocator's reserve, at least a context's, a context's where NVML cannot tell."""
+    from types import SimpleNamespace
+
+    from gandiva.job import CONTEXT_GB, Job, allocator_fraction
+
+    assert allocator_fraction(20.0, 2.0, 80.0) == pytest.approx(18.0 / 80.0)
+    assert allocator_fraction(1.0, 2.0, 80.0) == 0.0
+    assert allocator_fraction(90.0, 0.5, 80.0) == 1.0
+
+    class Driver:
+        def __init__(self, used):
+            self.used = used
+
+        def nvmlDeviceGetCount(self):
+            return 1
+
+        def nvmlDeviceGetHandleByIndex(self, index):
+            return index
+
+        def nvmlDeviceGetComputeRunningProcesses(self, handle):
+            return [SimpleNamespace(pid=os.getpid(), usedGpuMemory=self.used)]
+
+    job = Job({})
+    assert job._outside_gb() == CONTEXT_GB  # no NVML here
+    try:
+        nvml.use(Driver(3 * 2**30))
+        assert job._outside_gb() == 3.0  # (no allocator reserve on this machine)
+        nvml.use(Driver(2**28))
+        assert job._outside_gb() == CONTEXT_GB  # never less than a context
+        nvml.use(Driver(None))
+        assert job._outside_gb() == CONTEXT_GB
+    finally:
+        nvml.use(None)
 
 
 def test_no_sample_over_a_whole_sampling_period_is_idle_and_what_nvml_cannot_tell_is_unknown():

@@ -60,6 +60,10 @@ from typing import Any, NoReturn
 
 from gandiva.job import checkpoint, nvml, wire
 
+# What a process holds of its GPU outside its caching allocator before that can be measured
+# (a memory cap may come before its first CUDA call): a CUDA context with lazy module
+# loading takes 0.3 to 0.6 GB on current GPUs; a cap allows for this much at least.
+CONTEXT_GB = 0.5
 REPORT_INTERVAL_S = 1.0  # profile messages are batched: one a second at most...
 # ...but after a start or a resume, the first windows are shorter (this, then twice this, up
 # to REPORT_INTERVAL_S): what a turn's first mini-batches show reaches the scheduler, and a
@@ -487,17 +491,31 @@ class Job:
             self._asleep = False
 
     def limit(self, memory_gb: float | None) -> None:
-        """Keep this process's caching allocator within ``memory_gb`` of its GPU (None: the
-        whole GPU). Past it, an allocation raises ``torch.OutOfMemoryError`` in this job
-        only; its partner's memory is never taken."""
+        """Keep this process within ``memory_gb`` of its GPU as the driver counts it (None:
+        the whole GPU): its caching allocator gets the cap less what the process holds
+        outside it (``_outside_gb``), applied again at every profile as that grows. Past
+        it, an allocation raises ``torch.OutOfMemoryError`` in this job only; its partner's
+        memory is never taken."""
         import torch
 
         self.memory_cap_gb = memory_gb
         if self.device.type != "cuda":
             return
         total = torch.cuda.get_device_properties(self.device).total_memory / 2**30
-        fraction = 1.0 if memory_gb is None else max(0.0, min(1.0, memory_gb / total))
+        fraction = (1.0 if memory_gb is None
+                    else allocator_fraction(memory_gb, self._outside_gb(), total))
         torch.cuda.set_per_process_memory_fraction(fraction, self.device)
+
+    def _outside_gb(self) -> float:
+        """What this process holds of its GPU outside the caching allocator (its CUDA
+        context, NCCL's buffers, cuBLAS' handles): NVML's count less the allocator's
+        reserve, at least a context's (CONTEXT_GB), the most NVML cannot tell."""
+        import torch
+
+        held = nvml.held_gb()
+        inside = (torch.cuda.memory_reserved(self.device) / 2**30
+                  if torch.cuda.is_initialized() else 0.0)
+        return CONTEXT_GB if held is None else max(CONTEXT_GB, held - inside)
 
     def _to(self, device) -> None:
         """Move the registered state between the device and host memory: modules, then
@@ -692,6 +710,8 @@ class Job:
             if held is None:
                 held = torch.cuda.max_memory_reserved(self.device) / 2**30
             self._peak_gb = max(self._peak_gb, held)
+            if self.memory_cap_gb is not None:  # what it holds outside the allocator grew
+                self.limit(self.memory_cap_gb)
             return self._peak_gb
         # Linux reports ru_maxrss in KiB
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
@@ -724,6 +744,12 @@ def _cpu_capable(backend: str) -> bool:
     """Whether a process group of ``backend`` (e.g. ``nccl``, ``gloo``,
     ``cpu:gloo,cuda:nccl``) can all-reduce a CPU tensor."""
     return any(b in backend.lower() for b in ("gloo", "mpi"))
+
+
+def allocator_fraction(cap_gb: float, outside_gb: float, total_gb: float) -> float:
+    """The share of a GPU of ``total_gb`` a caching allocator may reserve so that its
+    process, holding ``outside_gb`` beside it, stays within ``cap_gb``."""
+    return max(0.0, min(1.0, (cap_gb - outside_gb) / total_gb))
 
 
 def _group_timeout_s(dist: Any) -> float | None:

@@ -60,14 +60,23 @@ def held_gb(pid: int | None = None) -> float | None:
     the driver accounts none to it (``usedGpuMemory`` None: WDDM, MIG without privileges),
     it lists processes by numbers this process cannot see (a PID namespace of its own, as
     in a container without ``--pid=host``), or it lists no process at all."""
-    nv = _lib()
-    if nv is None:
-        return None
     pid = os.getpid() if pid is None else pid
-    try:
-        listed = [p for h in _handles(nv) for p in nv.nvmlDeviceGetComputeRunningProcesses(h)]
-    except Exception:
-        return None
+    return held_gb_of([pid])[pid]
+
+
+def held_gb_of(pids: Iterable[int]) -> dict[int, float | None]:
+    """``held_gb`` of each of ``pids``, from one listing of the driver's processes."""
+    nv = _lib()
+    listed = None
+    if nv is not None:
+        try:
+            listed = [p for h in _handles(nv) for p in nv.nvmlDeviceGetComputeRunningProcesses(h)]
+        except Exception:
+            pass
+    return {pid: None if listed is None else _held(listed, pid) for pid in pids}
+
+
+def _held(listed: list[Any], pid: int) -> float | None:
     used = [p.usedGpuMemory for p in listed if p.pid == pid]
     if any(u is None for u in used):
         return None

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from gandiva.backends.nodes import AgentEvent, Launch
-from gandiva.job import checkpoint, wire
+from gandiva.job import checkpoint, nvml, wire
 from gandiva.job.warm import OUT_OF_MEMORY
 from gandiva.node import accounts, cgroups, environment, torchrun
 from gandiva.node import devices as gpus
@@ -75,6 +75,13 @@ HANG_S = 600.0
 # collectives' timeout (10 min by default) on a clock that runs while the process is
 # stopped, and aborts the communicators when it wakes past it
 SIGNAL_STOP_MAX_S = 300.0
+# A packed rank's cap binds its caching allocator, the rest of what the driver counts to
+# its process (its CUDA context, NCCL's buffers) allowed for (``Job.limit``). A rank that
+# NVML sees holding more than its cap and this margin on two readings in a row (one every
+# CAP_READ_S) has outgrown its share with memory no allocator limit stops: the scheduler is
+# told (``out-of-memory``) and unpacks it, before its GPU-mate runs out.
+CAP_MARGIN_GB = 0.5
+CAP_READ_S = 1.0
 # A start waits this long at most for a zygote still importing: a cold start would spend the
 # same seconds on the same imports, beside the zygote's, on the same cores.
 ZYGOTE_WAIT_S = 60.0
@@ -121,6 +128,7 @@ class _Rank:
     buf: bytes = b""
     exit: int | None = None
     cap_gb: float | None = None  # the memory cap it was last sent (packed), if any
+    over_cap: int = 0  # NVML's readings in a row above its cap and margin (CAP_MARGIN_GB)
     done: bool = False  # it said its training is over (``wire.Done``)
 
 
@@ -137,6 +145,7 @@ class _Job:
     signalled: bool = False  # suspended with SIGSTOP
     restarts: int = 0
     ooms: int = 0  # restarts for running out of a memory cap (not counted as restarts)
+    over_cap: bool = False  # said to hold more than its cap (until it is resumed again)
     step: int = 0
     memory_gb: float | None = None  # the most device memory it was seen to hold
     lingering_since: float | None = None  # when some ranks had ended well and others not
@@ -220,6 +229,7 @@ class Agent:
         self._sel.register(self._wakeup_r, selectors.EVENT_READ, None)
         self._closed = False
         self._reads = Looks()  # the reader's looks at its jobs' reports and exits
+        self._caps_read = 0.0  # when NVML was last asked what capped ranks hold
         self._thread = threading.Thread(target=self._loop, name="gandiva-agent", daemon=True)
         self._thread.start()
         self._warm_up()
@@ -303,6 +313,7 @@ class Agent:
             self.restart(job_id, devices)
             return
         job.heard = time.monotonic()  # its silence while suspended was ours
+        job.over_cap = False
         if job.signalled:
             self._signal(job, signal.SIGCONT)
             job.suspended = job.signalled = False
@@ -385,7 +396,7 @@ class Agent:
                         continue
                     if sent < len(data):  # the line must not be torn: finish it
                         self._send_rest(r, data[sent:])
-                    r.cap_gb = cap
+                    r.cap_gb, r.over_cap = cap, 0
 
     def _division(self, d: int, newcomer: _Job | None = None
                   ) -> list[tuple[_Job, _Rank | None, float | None]]:
@@ -851,8 +862,35 @@ class Agent:
             r.exit = r.proc.wait()
         self._drop(job)
 
+    def _read_caps(self) -> None:
+        """Every CAP_READ_S, what each capped running rank holds of its GPU (NVML), against
+        its cap and CAP_MARGIN_GB: two readings above in a row and the job is said to be
+        out of memory, once. Unknown readings count as neither."""
+        now = time.monotonic()
+        if not self.gpu or now - self._caps_read < CAP_READ_S:
+            return
+        self._caps_read = now
+        capped = [(job, r) for job in self.jobs.values()
+                  if not (job.suspended or job.stopping or job.over_cap)
+                  for r in job.ranks if r.cap_gb is not None and r.exit is None]
+        if not capped:
+            return
+        reading = nvml.held_gb_of(r.proc.pid for _, r in capped)
+        for job, r in capped:
+            held, cap = reading[r.proc.pid], r.cap_gb
+            if job.over_cap or cap is None:
+                continue
+            r.over_cap = r.over_cap + 1 if held is not None and held > cap + CAP_MARGIN_GB else 0
+            if r.over_cap >= 2:
+                why = (f"rank {r.rank} held {held:.2f} GB of its GPU on two readings, more "
+                       f"than its cap of {cap:.2f} GB and {CAP_MARGIN_GB:g} GB over")
+                self._log(job, why)
+                self.events.put(AgentEvent("out-of-memory", job.id, {"reason": why}))
+                job.over_cap = True
+
     def _reap(self) -> None:
         with self._lock:
+            self._read_caps()
             away = self._reads.away()  # what the jobs said meanwhile waits unread, so the
             for job in self.jobs.values():  # time this process was stopped is not their
                 job.heard += away  # silence
