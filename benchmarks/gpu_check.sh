@@ -2,38 +2,54 @@
 # GPU checks, for when a GPU machine is lent: one script, under 6 minutes on one GPU, one exit
 # code (0: every check passed; 100: a prerequisite is missing, named; else the number of
 # checks that failed, named on the last line).
-#   bash benchmarks/gpu_check.sh         (from the repository root; writes $OUT or ./gpu-out)
-# It uses the machine's own python3 and PyTorch (a lent machine reaches no package index);
-# Lightning, pytorch_lightning and transformers are there too. Each check prints what it
-# measured (benchmarks/gpu_checks.py has one subcommand per check):
+#   bash benchmarks/gpu_check.sh            (from the repository root; writes $OUT or ./gpu-out)
+#   bash benchmarks/gpu_check.sh --dry-run  (no GPU: every check but the CUDA-only ones end to
+#                                           end on CPU slots, NVML faked; CI runs it)
+# It uses the repository's venv where its PyTorch sees the GPU, else the machine's python3
+# (a lent machine reaches no package index); Lightning, pytorch_lightning and transformers
+# are there too. Each check prints what it measured and passes or fails on its criterion
+# (benchmarks/gpu_checks.py has one subcommand per check):
 #  held     what a suspended process still holds (NVML), for Lightning, HF (fused AdamW),
-#           1-rank NCCL DDP and a GradScaler job with fused AdamW
+#           1-rank NCCL DDP and a GradScaler job with fused AdamW: each within the budget
 #  exact    interrupted (2 suspends, a restart) == alone, bit for bit: GradScaler with and
 #           without torch.compile, both Lightning packages, HF (fused AdamW)
 #  zygote   no libcuda in the zygote before it forks; a warm job's thread count and GPU
 #  uuid     an agent under CUDA_VISIBLE_DEVICES=<UUID> passes the UUID on to its job
 #  pack     a memory-tight packed pair: caps, the one that grows past its cap fails alone
-#  memory   suspend gives 1 GB back to the driver, resume restores it
+#  memory   suspend gives 1 GB back to the driver, resume restores it (CUDA-only)
 #  nccl     a 1-rank NCCL job agreeing through its gloo group, suspended, resumed, restarted
+#           (CUDA-only)
+# Each check's limit is at least twice its dry run's time (the dry run fails otherwise);
+# every wait inside a check ends 10 s before its limit, so a timeout names the step.
 # (gpu_checks.py frameworks, Lightning and HF jobs time-sliced by the driver, runs apart:
-#  it does not fit the 8 minutes beside the rest)
+#  it does not fit the 6 minutes beside the rest)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
-# the repository's venv where it sees the GPU, else the machine's python3
+dry=""
+[ "${1:-}" = "--dry-run" ] && dry=1
+# the repository's venv where it sees the GPU (in a dry run: where it is), else python3
 py=python3
-[ -x .venv/bin/python ] && .venv/bin/python -c "import torch; assert torch.cuda.is_available()" \
-  2>/dev/null && py=.venv/bin/python
+if [ -n "$dry" ]; then [ -x .venv/bin/python ] && py=.venv/bin/python
+elif [ -x .venv/bin/python ] && .venv/bin/python -c "import torch; assert torch.cuda.is_available()" \
+  2>/dev/null; then py=.venv/bin/python
+fi
 # prerequisites first, each missing one named (a check that cannot start is no measurement)
 missing=()
-command -v nvidia-smi >/dev/null || missing+=("nvidia-smi")
 command -v timeout >/dev/null || missing+=("timeout (coreutils)")
-$py -c "import torch; assert torch.cuda.is_available()" 2>/dev/null \
-  || missing+=("a PyTorch that sees a GPU ($py)")
-for module in lightning pytorch_lightning transformers pynvml sortedcontainers pydantic; do
-  $py -c "import $module" 2>/dev/null || missing+=("python module $module ($py)")
-done
+if [ -z "$dry" ]; then
+  command -v nvidia-smi >/dev/null || missing+=("nvidia-smi")
+  $py -c "import torch; assert torch.cuda.is_available()" 2>/dev/null \
+    || missing+=("a PyTorch that sees a GPU ($py)")
+fi
+# (found, not imported: each import of torch's users takes seconds)
+while read -r module; do missing+=("python module $module ($py)"); done < <($py -c "
+import importlib.util
+for m in ('torch', 'lightning', 'pytorch_lightning', 'transformers', 'pynvml',
+          'sortedcontainers', 'pydantic'):
+    if importlib.util.find_spec(m) is None:
+        print(m)" 2>/dev/null || echo "python3 itself")
 if [ ${#missing[@]} -gt 0 ]; then
   printf 'missing: %s\n' "${missing[@]}"
   echo "=== no check ran: $(IFS=,; echo "${missing[*]}") missing"
@@ -51,7 +67,10 @@ with open(sys.argv[1], "w") as f:
         f.write(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()))
 EOF
 export PYTHONPATH="$PWD:/tmp/gandiva-ep${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version,uuid --format=csv | tee "$out/gpu.txt"
+if [ -n "$dry" ]; then echo "dry run: CPU slots standing in for a GPU, NVML faked" > "$out/gpu.txt"
+else nvidia-smi --query-gpu=name,memory.total,driver_version,uuid --format=csv > "$out/gpu.txt"
+fi
+cat "$out/gpu.txt"
 $py -c "import torch, lightning, transformers; print('torch', torch.__version__, \
 'lightning', lightning.__version__, 'transformers', transformers.__version__)" | tee -a "$out/gpu.txt"
 failed=()
@@ -62,18 +81,27 @@ leftovers() {  # the processes of a check: its own TMPDIR is in their environmen
         grep -qz "^TMPDIR=$1" "$p/environ" 2>/dev/null && echo "${p#/proc/}"
     done
 }
+cuda_only=" memory nccl "
 check() {  # check NAME SECONDS: one subcommand of gpu_checks.py, its output kept
     echo; echo "=== $1 (at most $2 s)"
-    local tmp
+    if [ -n "$dry" ] && [[ "$cuda_only" == *" $1 "* ]]; then
+        echo "=== $1 skipped: CUDA-only"; return
+    fi
+    local tmp start took
     tmp="$(cd "$out" && pwd)/tmp-$1"
     mkdir -p "$tmp"
+    start=$SECONDS
     # SIGKILL 10 s past the limit; then whatever of it is left, so that no job of one check
     # distorts the next
-    TMPDIR="$tmp" timeout -k 10 "$2" $py benchmarks/gpu_checks.py "$1" 2>&1 \
-        | tee "$out/$1.txt"
+    TMPDIR="$tmp" timeout -k 10 "$2" $py benchmarks/gpu_checks.py "$1" --limit "$2" \
+        ${dry:+--dry-run} 2>&1 | tee "$out/$1.txt"
     local rc=${PIPESTATUS[0]}
+    took=$((SECONDS - start))
     leftovers "$tmp" | xargs -r kill -9 2>/dev/null
-    if [ "$rc" = 0 ]; then echo "=== $1 passed"
+    if [ "$rc" = 0 ] && [ -n "$dry" ] && [ $((2 * took)) -gt "$2" ]; then
+        rc="its limit ($2 s) under twice its dry run's $took s"
+    fi
+    if [ "$rc" = 0 ]; then echo "=== $1 passed in $took s"
     else failed+=("$1"); echo "=== $1 FAILED (exit $rc$([ "$rc" = 124 ] && echo ': over its limit'))"
     fi
 }

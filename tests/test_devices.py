@@ -582,6 +582,15 @@ def test_held_memory_the_driver_cannot_tell_is_unknown_never_zero():
         nvml.use(None)  # (asked again: this machine's own, none)
 
 
+def test_a_mig_instance_is_a_device_type_of_its_own_named_gpu_and_profile():
+    from gandiva.backends.driver import device_type
+
+    assert device_type("NVIDIA H100 80GB HBM3") == "H100"
+    assert device_type("Tesla V100-SXM2-16GB") == "V100-SXM2-16GB"
+    assert device_type("NVIDIA A100-SXM4-40GB MIG 1g.5gb") == "A100-SXM4-40GB-1g.5gb"
+    assert device_type("NVIDIA H100 80GB HBM3 MIG 3g.40gb") == "H100-3g.40gb"
+
+
 def test_a_cap_leaves_the_allocator_what_is_left_beside_what_the_process_holds_outside_it():
     """A cap counts as the driver does (context, NCCL's buffers and all); only the caching
     allocator can be limited, so it gets the cap less the rest: measured by NVML against
@@ -608,14 +617,14 @@ def test_a_cap_leaves_the_allocator_what_is_left_beside_what_the_process_holds_o
             return [SimpleNamespace(pid=os.getpid(), usedGpuMemory=self.used)]
 
     job = Job({})
-    assert job._outside_gb() == CONTEXT_GB  # no NVML here
+    assert job.outside_gb() == CONTEXT_GB  # no NVML here
     try:
         nvml.use(Driver(3 * 2**30))
-        assert job._outside_gb() == 3.0  # (no allocator reserve on this machine)
+        assert job.outside_gb() == 3.0  # (no allocator reserve on this machine)
         nvml.use(Driver(2**28))
-        assert job._outside_gb() == CONTEXT_GB  # never less than a context
+        assert job.outside_gb() == CONTEXT_GB  # never less than a context
         nvml.use(Driver(None))
-        assert job._outside_gb() == CONTEXT_GB
+        assert job.outside_gb() == CONTEXT_GB
     finally:
         nvml.use(None)
 

@@ -289,3 +289,25 @@ def test_a_width_that_cannot_keep_the_global_batch_is_refused(tmp_path):
     callback.resumed = {"world_size": 2, "global_batch": 16}
     with pytest.raises(RuntimeError, match="global batch of 16 samples on 3 ranks"):
         callback.fit_width()
+
+
+def test_a_trainer_restored_from_the_checkpoint_of_its_last_step_takes_no_step_more(tmp_path):
+    """The Trainer's loop takes a step before it looks at max_steps: a job moved or restarted
+    as it ended (its last checkpoint mid-epoch) would train one step more than alone."""
+    import subprocess
+
+    env = {**os.environ, "GANDIVA_CHECKPOINT_DIR": str(tmp_path / "ck"),
+           "GANDIVA_CHECKPOINT_EVERY_S": "1e9"}
+    for k in TORCHRUN:
+        env.pop(k, None)
+    command = [sys.executable, SCRIPT, "--max-steps", "20", "--examples", "64", "--batch", "4"]
+    subprocess.run(command, env=env, capture_output=True, timeout=180, check=True)
+    step, file = checkpoint.newest_whole(tmp_path / "ck")
+    assert step == 20  # 16 steps an epoch: the last one is mid-epoch
+    last = file.read_bytes()
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180,
+                           check=True)
+    assert "restored from checkpoint at step 20" in again.stderr + again.stdout
+    assert "done: 20 steps" in again.stdout
+    step, file = checkpoint.newest_whole(tmp_path / "ck")
+    assert step == 20 and file.read_bytes() == last

@@ -25,6 +25,12 @@ def main() -> None:
         if step == args.grow_at:
             print(f"step {step}: growing by {args.grow_gb} GB (cap {job.memory_cap_gb})",
                   flush=True)
+            cap = job.memory_cap_gb
+            if job.device.type == "cpu" and cap is not None and args.gb + args.grow_gb > cap:
+                # a CPU slot standing in for a GPU (gpu_check.sh --dry-run) has no allocator
+                # to hold a cap: what a GPU's would raise
+                raise torch.OutOfMemoryError(f"CUDA out of memory: {args.gb + args.grow_gb} GB "
+                                             f"held past a cap of {cap:.2f} GB (CPU stand-in)")
             more = torch.empty(int(args.grow_gb * 2**30), dtype=torch.uint8, device=job.device)
         loss = model(torch.randn(64, 512, device=job.device)).square().mean()
         opt.zero_grad()

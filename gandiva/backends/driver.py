@@ -53,13 +53,24 @@ def detect_devices(slots: int | None = None, threads: int = 1) -> tuple[list[str
     if gpus:
         n = min(gpus, slots) if slots else gpus
         props = torch.cuda.get_device_properties(0)
-        kind = props.name.replace("NVIDIA", "").split()[0].upper()
+        kind = device_type(props.name)
         usable = props.total_memory / 2**30 * (1 - HEADROOM)  # what jobs may count on
         return [f"cuda:{i}" for i in range(n)], kind, usable
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     n = slots or max(1, (cores or 1) // threads)
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return [f"cpu:{i}" for i in range(n)], "CPU", ram / n
+
+
+def device_type(name: str) -> str:
+    """A GPU's type from CUDA's name for it: "NVIDIA H100 80GB HBM3" is an H100; a MIG
+    instance ("NVIDIA A100-SXM4-40GB MIG 1g.5gb") a type of its own, ``<gpu>-<profile>``
+    (A100-SXM4-40GB-1g.5gb): a seventh of the GPU is not the GPU."""
+    words = [w for w in name.split() if w not in ("NVIDIA", "Tesla")]  # (brands)
+    kind = words[0].upper() if words else "GPU"
+    if "MIG" in words[1:-1]:
+        kind += "-" + words[words.index("MIG") + 1]
+    return kind
 
 
 def one_node(devices: list[str], kind: str, memory_gb: float) -> Cluster:

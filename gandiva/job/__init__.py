@@ -472,7 +472,10 @@ class Job:
             command = self._wait()  # blocked until the agent says what next
             if isinstance(command, wire.Resume):
                 t0 = time.perf_counter()
+                old = self.device
                 self.device = self._use_device(command.device)
+                if old.type == self.device.type == "cuda" and old != self.device:
+                    _carry_cuda_rng(old, self.device)
                 if self.memory_cap_gb is not None:  # (a cap is per device: the new one's)
                     self.limit(self.memory_cap_gb)
                 self.wake()
@@ -493,7 +496,7 @@ class Job:
     def limit(self, memory_gb: float | None) -> None:
         """Keep this process within ``memory_gb`` of its GPU as the driver counts it (None:
         the whole GPU): its caching allocator gets the cap less what the process holds
-        outside it (``_outside_gb``), applied again at every profile as that grows. Past
+        outside it (``outside_gb``), applied again at every profile as that grows. Past
         it, an allocation raises ``torch.OutOfMemoryError`` in this job only; its partner's
         memory is never taken."""
         import torch
@@ -503,10 +506,10 @@ class Job:
             return
         total = torch.cuda.get_device_properties(self.device).total_memory / 2**30
         fraction = (1.0 if memory_gb is None
-                    else allocator_fraction(memory_gb, self._outside_gb(), total))
+                    else allocator_fraction(memory_gb, self.outside_gb(), total))
         torch.cuda.set_per_process_memory_fraction(fraction, self.device)
 
-    def _outside_gb(self) -> float:
+    def outside_gb(self) -> float:
         """What this process holds of its GPU outside the caching allocator (its CUDA
         context, NCCL's buffers, cuBLAS' handles): NVML's count less the allocator's
         reserve, at least a context's (CONTEXT_GB), the most NVML cannot tell."""
@@ -744,6 +747,15 @@ def _cpu_capable(backend: str) -> bool:
     """Whether a process group of ``backend`` (e.g. ``nccl``, ``gloo``,
     ``cpu:gloo,cuda:nccl``) can all-reduce a CPU tensor."""
     return any(b in backend.lower() for b in ("gloo", "mpi"))
+
+
+def _carry_cuda_rng(old: Any, new: Any) -> None:
+    """A job moved in place from GPU ``old`` to ``new`` draws on from where its random
+    stream was: each GPU has a generator of its own (the old one stays, unused, in the
+    context the process keeps on the old GPU until it exits)."""
+    import torch
+
+    torch.cuda.set_rng_state(torch.cuda.get_rng_state(old), new)
 
 
 def allocator_fraction(cap_gb: float, outside_gb: float, total_gb: float) -> float:

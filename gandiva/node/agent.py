@@ -330,12 +330,19 @@ class Agent:
         job.suspended = False
         self._cap(old + devices)
 
+    @property
+    def held_budget_gb(self) -> float:
+        """What the suspended processes on one device may hold together (see
+        HELD_SHARE_OF_HEADROOM)."""
+        if self.memory_gb is None:
+            return HELD_MAX_GB
+        return self.memory_gb / (1 - gpus.HEADROOM) * gpus.HEADROOM * HELD_SHARE_OF_HEADROOM
+
     def _stop_holders(self, devices: tuple[int, ...]) -> list[str]:
         """Keep what suspended processes hold of each of ``devices`` within the budget (see
         HELD_SHARE_OF_HEADROOM): checkpoint and stop those holding most until it is (gangs
         over several nodes stay: they restart only whole). The jobs stopped."""
-        budget = (HELD_MAX_GB if self.memory_gb is None else
-                  self.memory_gb / (1 - gpus.HEADROOM) * gpus.HEADROOM * HELD_SHARE_OF_HEADROOM)
+        budget = self.held_budget_gb
         stopped = []
         for d in set(devices):
             while True:

@@ -92,7 +92,21 @@ def train(trainer, **kwargs: Any):
     callback.trainer = trainer
     if kwargs.get("resume_from_checkpoint") is None:
         kwargs["resume_from_checkpoint"] = callback.restore()
-    return trainer.train(**kwargs)
+    try:
+        return trainer.train(**kwargs)
+    except _Over:
+        # restored from the checkpoint of its last step (moved or restarted as it ended): the
+        # Trainer's loop takes a step before it looks at max_steps, one more than alone
+        from transformers.trainer_utils import TrainOutput
+
+        state = trainer.state
+        callback.job.finish(save=False)  # the checkpoint it restored is its last
+        losses = [h["train_loss"] for h in state.log_history if "train_loss" in h]
+        return TrainOutput(state.global_step, losses[-1] if losses else 0.0, {})
+
+
+class _Over(Exception):
+    """A step is about to begin past ``max_steps`` (see ``train``)."""
 
 
 # ---- the checkpoint file ---------------------------------------------------------------------
@@ -300,6 +314,8 @@ class GandivaCallback(TrainerCallback):
         self.pending = command
 
     def on_step_begin(self, args, state, control, **_: Any):
+        if 0 < state.max_steps <= state.global_step:
+            raise _Over
         self._write_pending(state)
 
     def on_epoch_begin(self, args, state, control, **_: Any):
