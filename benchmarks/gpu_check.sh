@@ -108,9 +108,9 @@ check() {  # check NAME SECONDS: one subcommand of gpu_checks.py, its output kep
 # 350 s in all, under the 6 minutes a lent machine's command is given with its start
 check held 60
 check exact 120
-check zygote 25
-check uuid 25
-check pack 50
+check zygote 30
+check uuid 30
+check pack 40
 check memory 30
 check nccl 40
 echo
