@@ -138,6 +138,7 @@ def script_checkpoints(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.glob("checkpoint-*"))
 
 
+@pytest.mark.slow  # (CI runs it after the suite: .ci/run)
 def test_save_strategies_best_and_no_keep_their_saves_and_gandivas_moves_complete(zygote, tmp_path):
     """"best" evaluates every 2 steps and saves only a new best (it overwrites
     ``control.should_save``); a move must still get its checkpoint, the script's

@@ -368,6 +368,7 @@ def test_a_move_whose_destination_cannot_take_it_fails_with_the_reason(nodes):
     assert "x" not in nodes.jobs
 
 
+@pytest.mark.slow  # a node lost or added: CI runs it after the suite
 def test_a_lost_node_s_jobs_finish_elsewhere_from_their_checkpoints(own_nodes, cluster,
                                                                     references):
     nodes = own_nodes()
@@ -397,6 +398,7 @@ def test_a_lost_node_s_jobs_finish_elsewhere_from_their_checkpoints(own_nodes, c
     assert_identical(checkpoint.latest(node_checkpoints(nodes, now, "victim"))[1], ref)
 
 
+@pytest.mark.slow  # a node lost or added: CI runs it after the suite
 def test_a_silent_agent_s_node_is_lost_its_job_ended_there_and_finished_elsewhere(
         own_nodes, references):
     """A node agent stopped (SIGSTOP: its process and connections stay, it answers nothing)
@@ -440,6 +442,7 @@ def _running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # a node lost or added: CI runs it after the suite
 def test_the_logs_of_a_job_and_of_a_gang_s_rank_outlive_the_node_they_ran_on(own_nodes,
                                                                              cluster):
     """A job, and rank 1 of a gang over two nodes, finish on a node that then dies: both
@@ -483,6 +486,7 @@ for step in job.steps(100000):
 """
 
 
+@pytest.mark.slow  # a node lost or added: CI runs it after the suite
 def test_a_node_that_joins_takes_queued_work(own_nodes, cluster, tmp_path):
     """Runs last: it adds a node to the module's cluster."""
     nodes = own_nodes()

@@ -97,6 +97,9 @@ def wait_warm(http, proc) -> None:
     warm(str(http.base_url), proc=proc)
 
 
+# (on PostgreSQL in CI's second run, with the slow tests: the same code path as SQLite's)
+@pytest.mark.parametrize("db_url", ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)],
+                         indirect=True)
 def test_server_killed_with_sigkill_loses_no_job_and_resumes_from_checkpoints(tmp_path, db_url):
     home, port = tmp_path / "home", free_port()
     if db_url.startswith("sqlite"):  # (in the server's home: its service account's, as root)
