@@ -73,7 +73,6 @@ fi
 cat "$out/gpu.txt"
 $py -c "import torch, lightning, transformers; print('torch', torch.__version__, \
 'lightning', lightning.__version__, 'transformers', transformers.__version__)" | tee -a "$out/gpu.txt"
-failed=()
 leftovers() {  # the processes of a check: its own TMPDIR is in their environment (its
     # agents make each job's TMPDIR under it, and jobs start in sessions of their own)
     local p
@@ -82,37 +81,55 @@ leftovers() {  # the processes of a check: its own TMPDIR is in their environmen
     done
 }
 cuda_only=" memory nccl "
-check() {  # check NAME SECONDS: one subcommand of gpu_checks.py, its output kept
+check() {  # check NAME SECONDS: one subcommand of gpu_checks.py, its output kept, its
+    # verdict in $out/NAME.failed if it failed
     echo; echo "=== $1 (at most $2 s)"
     if [ -n "$dry" ] && [[ "$cuda_only" == *" $1 "* ]]; then
         echo "=== $1 skipped: CUDA-only"; return
     fi
-    local tmp start took
+    local tmp start took why
     tmp="$(cd "$out" && pwd)/tmp-$1"
     mkdir -p "$tmp"
     start=$SECONDS
     # SIGKILL 10 s past the limit; then whatever of it is left, so that no job of one check
     # distorts the next
     TMPDIR="$tmp" timeout -k 10 "$2" $py benchmarks/gpu_checks.py "$1" --limit "$2" \
-        ${dry:+--dry-run} 2>&1 | tee "$out/$1.txt"
-    local rc=${PIPESTATUS[0]}
+        ${dry:+--dry-run} > "$out/$1.txt" 2>&1
+    local rc=$?
     took=$((SECONDS - start))
     leftovers "$tmp" | xargs -r kill -9 2>/dev/null
+    cat "$out/$1.txt"
+    why="exit $rc"
+    [ "$rc" = 124 ] && why="over its limit"
     if [ "$rc" = 0 ] && [ -n "$dry" ] && [ $((2 * took)) -gt "$2" ]; then
-        rc="its limit ($2 s) under twice its dry run's $took s"
+        rc=1 why="its limit, $2 s, is under twice its dry run's $took s"
     fi
     if [ "$rc" = 0 ]; then echo "=== $1 passed in $took s"
-    else failed+=("$1"); echo "=== $1 FAILED (exit $rc$([ "$rc" = 124 ] && echo ': over its limit'))"
+    else echo "$why" > "$out/$1.failed"; echo "=== $1 FAILED ($why)"
     fi
 }
-# 350 s in all, under the 6 minutes a lent machine's command is given with its start
-check held 60
-check exact 120
-check zygote 30
-check uuid 30
-check pack 40
-check memory 30
-check nccl 40
+rm -f "$out"/*.failed
+# 350 s in all, under the 6 minutes a lent machine's command is given with its start. On a
+# GPU one after another (each measures the GPU); a dry run in two lanes at once (on 2
+# cores, each check is its imports and its jobs' starts)
+if [ -n "$dry" ]; then
+    check exact 120 > "$out/lane-1.log" 2>&1 &
+    { check held 60; check zygote 30; check uuid 30; check pack 40; } > "$out/lane-2.log" 2>&1
+    wait
+    cat "$out/lane-2.log" "$out/lane-1.log"
+    check memory 30
+    check nccl 40
+else
+    check held 60
+    check exact 120
+    check zygote 30
+    check uuid 30
+    check pack 40
+    check memory 30
+    check nccl 40
+fi
+failed=()
+for f in "$out"/*.failed; do [ -e "$f" ] && failed+=("$(basename "$f" .failed)"); done
 echo
 if [ ${#failed[@]} -eq 0 ]; then echo "=== every check passed"
 else echo "=== ${#failed[@]} check(s) failed: ${failed[*]}"

@@ -27,8 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 JOBS = Path(__file__).resolve().parent / "jobs"
 PROBE = Path(__file__).resolve().parents[1] / "tests" / "jobs" / "probe.py"
@@ -65,6 +63,8 @@ def device_uuid() -> str:
     """The UUID of the GPU this process calls cuda:0 (which need not be nvidia-smi's 0)."""
     if DRY:
         return DRY_UUID
+    import torch
+
     return f"GPU-{torch.cuda.get_device_properties(0).uuid}"
 
 
@@ -78,6 +78,8 @@ def smi_used_mb() -> float:
 
 
 def memory(mb: float) -> None:
+    import torch
+
     from gandiva.job import Job
 
     job = Job({"GANDIVA_DEVICE": "cuda:0"})
@@ -244,7 +246,7 @@ def held() -> None:
                 jid = f"j{i}"
                 agent.start(jid, Launch(command), (0,))
                 next_event(agent, jid, "started", 180)
-                time.sleep(1 if DRY else 3)
+                time.sleep(0.2 if DRY else 3)
                 running = agent.jobs[jid].memory_gb
                 agent.suspend(jid)
                 ev = next_event(agent, jid, "suspended")
@@ -282,6 +284,8 @@ def run_alone(tmp: Path, name: str, command: list[str]) -> Path:
 
 def same(a, b, where: str = "") -> None:
     """Bit-identical, tensor by tensor, value by value (tensors compared on the CPU)."""
+    import torch
+
     if isinstance(a, dict):
         assert a.keys() == b.keys(), f"{where}: keys differ"
         for k in a:
@@ -299,10 +303,10 @@ def same(a, b, where: str = "") -> None:
 def exact_jobs() -> dict[str, list[str]]:
     if DRY:  # (small; no torch.compile: its C++ build on CPU alone takes a minute)
         return {"job library, GradScaler": ["{python}", str(JOBS / "amp_job.py"), "--steps",
-                                            "600"],
+                                            "300"],
                 "lightning.pytorch": ["{python}", str(EXAMPLES / "lightning_shuffled.py"),
-                                      "--epochs", "2", "--samples", "512"],
-                "hf (AdamW)": ["{python}", str(EXAMPLES / "hf_bert.py"), "--max-steps", "40",
+                                      "--epochs", "2", "--samples", "256"],
+                "hf (AdamW)": ["{python}", str(EXAMPLES / "hf_bert.py"), "--max-steps", "24",
                                "--examples", "64", "--batch", "4"]}
     return {
         "job library, amp + compile": ["{python}", str(JOBS / "amp_job.py"), "--steps", "3000",
@@ -323,6 +327,8 @@ def training(name: str, file: Path) -> dict:
     """What training produced, from a checkpoint file of the job ``name``."""
     import io
     import json
+
+    import torch
 
     if name.startswith("hf"):
         from safetensors.torch import load as load_safetensors
@@ -432,6 +438,8 @@ def uuid() -> None:
 def pack() -> None:
     """Two jobs packed on the GPU, each holding 30% of it: each is capped at its peak and
     half the rest; the one that grows past its cap fails alone, the other finishes."""
+    import torch
+
     from gandiva.node.agent import Launch
 
     total = DRY_GB if DRY else torch.cuda.get_device_properties(0).total_memory / 2**30
@@ -479,8 +487,11 @@ def main() -> None:
         from gandiva.job import nvml
 
         nvml.use(FakeNVML())
-    elif not torch.cuda.is_available():
-        sys.exit("no GPU visible")
+    else:
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.exit("no GPU visible")
     import signal
 
     # a timeout's SIGTERM unwinds through the checks' finally blocks, whose agents then stop

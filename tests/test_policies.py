@@ -30,6 +30,23 @@ def test_policy_registry_and_parameters():
         make_policy("fifo:backfill_depth=many")
 
 
+def test_the_registry_names_every_policy_module_and_each_of_its_presets_once():
+    """Policies are listed, not discovered: a module that builds a policy and is not in
+    ``POLICIES`` (or a preset left out) is a policy no one can name."""
+    import importlib
+    import pkgutil
+
+    import gandiva.policies as policies
+
+    built = {}
+    for m in pkgutil.iter_modules(policies.__path__):
+        module = importlib.import_module(f"gandiva.policies.{m.name}")
+        if hasattr(module, "POLICY") or hasattr(module, "build"):
+            built |= dict.fromkeys(getattr(module, "PRESETS", {m.name: None}), m.name)
+    assert policies.POLICIES == built
+    assert available() == sorted(built)
+
+
 def test_best_fit_prefers_fullest_server_and_one_socket():
     c = Cluster.build("2x4")
     c.observe(E.Arrival(0, JobSpec("x", 0, 3, "resnet50", duration=1)))

@@ -1,45 +1,46 @@
-"""Policies, by name. Each lives in its own module ``gandiva.policies.<name>`` exposing ``POLICY``.
+"""Policies, by name (``POLICIES``). Each lives in its own module ``gandiva.policies.<module>``
+exposing ``POLICY`` (a dataclass), or ``build`` and ``PRESETS`` (the gandiva policy, whose
+presets are names of their own).
 
 A policy spec names the policy and optionally sets its parameters after colons:
 ``las``, ``fifo:backfill``, ``gandiva:-packing:quantum=30``. ``-flag`` switches a boolean
 parameter off, ``flag`` alone switches it on, ``key=value`` sets any parameter (converted to
 its type). Colons (not commas) separate parameters so that ``--policy fifo,las,gandiva:-packing``
-stays a list. A module with ``PRESETS`` and ``build`` (the gandiva policy) offers each preset
-as a name, and reads its own parameters.
+stays a list. A module with ``PRESETS`` and ``build`` reads its own parameters.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import pkgutil
 import random
+from types import ModuleType
 from typing import Any
 
 from gandiva.scheduler import Policy
 
+# policy (or preset) name -> the module under gandiva.policies that builds it (imported when
+# the policy is first asked for)
+POLICIES: dict[str, str] = {
+    "fifo": "fifo",
+    "las": "las",
+    "slicer": "slicer",
+    "gandiva": "gandiva",
+    "gandiva-paper": "gandiva",
+}
 
-def _modules() -> list[str]:
-    return [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")
-            and m.name not in ("placement", "base")]
 
-
-def _presets() -> dict[str, str]:
-    """Preset name -> the module that builds it."""
-    out = {}
-    for name in _modules():
-        module = importlib.import_module(f"gandiva.policies.{name}")
-        out.update(dict.fromkeys(getattr(module, "PRESETS", {name: None}), name))
-    return out
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(f"gandiva.policies.{POLICIES[name]}")
 
 
 def available() -> list[str]:
-    return sorted(_presets())
+    return sorted(POLICIES)
 
 
 def parameters(name: str) -> dict[str, Any]:
     """A policy's (or preset's) parameters and their defaults, as a spec names them."""
-    module = importlib.import_module(f"gandiva.policies.{_presets()[name]}")
+    module = _module(name)
     if hasattr(module, "parameters"):
         return module.parameters(name)
     hidden = ("name", "spec", "rng")
@@ -49,8 +50,7 @@ def parameters(name: str) -> dict[str, Any]:
 
 def summary(name: str) -> str:
     """The first line of a policy's docstring."""
-    module = importlib.import_module(f"gandiva.policies.{_presets()[name]}")
-    return (module.__doc__ or "").strip().splitlines()[0]
+    return (_module(name).__doc__ or "").strip().splitlines()[0]
 
 
 def _convert(name: str, raw: str, kind: Any) -> Any:
@@ -76,10 +76,9 @@ def _convert(name: str, raw: str, kind: Any) -> Any:
 def make_policy(spec: str, seed: int = 0) -> Policy:
     """Build a policy from its spec string; ``seed`` feeds the only randomness it may use."""
     name, *opts = [p.strip() for p in spec.strip().split(":")]
-    presets = _presets()
-    if name not in presets:
-        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(sorted(presets))}")
-    module = importlib.import_module(f"gandiva.policies.{presets[name]}")
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(sorted(POLICIES))}")
+    module = _module(name)
     if hasattr(module, "build"):
         return module.build(name, list(filter(None, opts)), spec=spec.strip())
     cls = module.POLICY

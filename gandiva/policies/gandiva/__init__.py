@@ -44,6 +44,7 @@ from gandiva.policies.gandiva.placement import (
 )
 from gandiva.policies.gandiva.quiet import Quiet
 from gandiva.policies.gandiva.shared import Decision, Shared, T
+from gandiva.policies.gandiva.timers import TimerKind
 from gandiva.policies.gandiva.timeslice import TimeSlicing
 from gandiva.state import Cluster, Job, JobStatus
 
@@ -170,7 +171,7 @@ class Gandiva:
             # is in: a controller changing several at once (a sweep promoting its top trials)
             # had each change carried out alone, a job resumed for one suspended for the next
             for server in book.home.get(job.id, ()):
-                timers.arm(cluster.now, "refill", server)
+                timers.arm(cluster.now, TimerKind.REFILL, server)
         elif isinstance(event, E.ProfileSample):
             self.packing.observe(cluster, event)
             if self.packing.enabled:
@@ -185,8 +186,8 @@ class Gandiva:
         due = []
         if isinstance(event, E.Tick):
             due = timers.due(cluster.now)
-            touched.update(server for kind, server in due if kind == "refill")
-        slices = {server for kind, server in due if kind == "slice"}
+            touched.update(server for kind, server in due if kind is TimerKind.REFILL)
+        slices = {server for kind, server in due if kind is TimerKind.SLICE}
         if slices:
             slices = self.slicing.round_of(cluster, slices)
             yield from self._refill(cluster, slices, tick=True)
@@ -202,24 +203,24 @@ class Gandiva:
             yield from self._lower_height(cluster)
             # (a departure while a spread is armed waits with it: it looks at every free GPU
             # then, whichever departure freed it)
-            if timers.when("spread") is None and self.packing.wants_spread(cluster):
-                timers.arm(cluster.now + s.quantum, "spread")
+            if timers.when(TimerKind.SPREAD) is None and self.packing.wants_spread(cluster):
+                timers.arm(cluster.now + s.quantum, TimerKind.SPREAD)
             if self.locality.enabled:
                 yield from self.locality.consolidate(cluster)
         for kind, server in due:
-            if kind == "grow" and self.elastic.enabled:
+            if kind is TimerKind.GROW and self.elastic.enabled:
                 yield from self.elastic.grow(cluster, server)
-            elif kind == "spread" and self.packing.packed_on and not len(s.waiting):
+            elif kind is TimerKind.SPREAD and self.packing.packed_on and not len(s.waiting):
                 yield from self.packing.spread_elsewhere(cluster)
-            elif kind == "defrag" and self.defrag.enabled:
+            elif kind is TimerKind.DEFRAG and self.defrag.enabled:
                 yield from self.defrag.run(cluster)
                 yield from self._place_waiting(cluster)
         if self.elastic.enabled and self.elastic.jobs:
             self.elastic.note_idle(cluster, touched | self._placed_on)
         self._placed_on.clear()
-        if (self.defrag.enabled and len(s.waiting) and timers.when("defrag") is None
+        if (self.defrag.enabled and len(s.waiting) and timers.when(TimerKind.DEFRAG) is None
                 and self.defrag.blocked(cluster)):
-            timers.arm(cluster.now + self.defrag.interval, "defrag")
+            timers.arm(cluster.now + self.defrag.interval, TimerKind.DEFRAG)
         yield from timers.wake()
 
     # ---- steps --------------------------------------------------------------------------
@@ -266,7 +267,7 @@ class Gandiva:
             if waiting:
                 rotating.add(server)
         if rotating:
-            s.timers.arm(s.next_round(cluster.now), "slice", *sorted(rotating))
+            s.timers.arm(s.next_round(cluster.now), TimerKind.SLICE, *sorted(rotating))
 
     def _place_waiting(self, cluster: Cluster, arrived: Job | None = None) -> Decision[None]:
         """Algorithm 1 for the jobs not yet on a server, highest priority then oldest first.
@@ -319,7 +320,7 @@ class Gandiva:
                     return False
                 book.assign(job, servers)  # it starts at a round of one of them
                 for server in servers:
-                    s.timers.arm(s.next_round(now), "slice", server)
+                    s.timers.arm(s.next_round(now), TimerKind.SLICE, server)
                 return True
             book.assign(job, tuple(sorted(cluster.servers_of(gpus))))
             yield self._start(job, gpus, now)
@@ -349,7 +350,7 @@ class Gandiva:
             yield self._start(job, gpus_on(cluster, server, job.num_gpus), now)
             self.locality.placed(cluster, job)
         else:
-            s.timers.arm(s.next_round(now), "slice", server)
+            s.timers.arm(s.next_round(now), TimerKind.SLICE, server)
         return True
 
     def _start(self, job: Job, gpus: tuple[int, ...], now: float) -> A.JobAction:

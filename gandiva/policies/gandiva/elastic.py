@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from gandiva import actions as A
 from gandiva.policies.gandiva.shared import Decision, Shared
+from gandiva.policies.gandiva.timers import TimerKind
 from gandiva.state import Cluster, Job, JobStatus
 
 
@@ -35,7 +36,7 @@ class Elastic:
         for s in servers:
             if cluster.free_gpus(s) and self._growable(cluster, s) and s not in self.idle_since:
                 self.idle_since[s] = cluster.now
-                self.s.timers.arm(cluster.now + self.grow_idle_s, "grow", s)
+                self.s.timers.arm(cluster.now + self.grow_idle_s, TimerKind.GROW, s)
 
     def _growable(self, cluster: Cluster, server: int) -> list[Job]:
         book, out = self.s.book, []

@@ -27,6 +27,7 @@ from gandiva.policies.gandiva.elastic import Elastic
 from gandiva.policies.gandiva.order import Levels, SliceOrder
 from gandiva.policies.gandiva.packing import Packing
 from gandiva.policies.gandiva.shared import Shared
+from gandiva.policies.gandiva.timers import TimerKind
 from gandiva.policies.gandiva.timeslice import TimeSlicing
 from gandiva.state import Cluster, JobStatus
 
@@ -88,7 +89,7 @@ class Quiet:
                 or self.elastic.jobs):
             return
         nxt = self.s.next_round(now)
-        servers = set(timers.servers_at(nxt, "slice"))
+        servers = set(timers.servers_at(nxt, TimerKind.SLICE))
         if not servers or not servers <= rounded:
             return  # a server joins the next round (an arrival's): it may change what runs
         slicing = self.slicing
@@ -112,9 +113,9 @@ class Quiet:
         if wake <= nxt:
             return
         for s in servers:
-            timers.cancel("slice", s)
+            timers.cancel(TimerKind.SLICE, s)
             if wake < math.inf:
-                timers.arm(wake, "slice", s)
+                timers.arm(wake, TimerKind.SLICE, s)
         self.put_off = PutOff(self.s.changes, servers, wake)
         self.servers_put_off += len(servers)
 
@@ -126,7 +127,7 @@ class Quiet:
         this = math.floor(now / self.s.quantum + 1e-9) * self.s.quantum
         at = now if abs(this - now) < 1e-9 else self.s.next_round(now)
         for s in self.put_off.servers:
-            if timers.when("slice", s) == self.put_off.until:
-                timers.cancel("slice", s)
-            timers.arm(at, "slice", s)
+            if timers.when(TimerKind.SLICE, s) == self.put_off.until:
+                timers.cancel(TimerKind.SLICE, s)
+            timers.arm(at, TimerKind.SLICE, s)
         self.put_off = None

@@ -8,20 +8,32 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
+from enum import StrEnum
 
 from gandiva import actions as A
 
 OWN = -1  # the server of the policy's own timers (not a server's)
 
 
+class TimerKind(StrEnum):
+    """What a timer is for. Values are the old strings: timers due at one instant are
+    taken in the order of their kinds' values, which decisions depend on."""
+
+    REFILL = "refill"  # a server's slice order changed (a priority): refill it at this tick
+    SLICE = "slice"  # a server's next time-slicing round
+    SPREAD = "spread"  # packed jobs may take GPUs that freed (packing)
+    GROW = "grow"  # an idle server may grow an elastic job (elastic)
+    DEFRAG = "defrag"  # waiting jobs blocked by fragmentation (migration)
+
+
 class Timers:
     def __init__(self) -> None:
-        self._heap: list[tuple[float, str]] = []
-        self._at: dict[tuple[float, str], set[int]] = {}  # (when, kind) -> servers
-        self._when: dict[tuple[str, int], float] = {}  # (kind, server) -> when
+        self._heap: list[tuple[float, TimerKind]] = []
+        self._at: dict[tuple[float, TimerKind], set[int]] = {}  # (when, kind) -> servers
+        self._when: dict[tuple[TimerKind, int], float] = {}  # (kind, server) -> when
         self._asked = -1.0  # the tick last asked for
 
-    def arm(self, at: float, kind: str, *servers: int) -> None:
+    def arm(self, at: float, kind: TimerKind, *servers: int) -> None:
         """Arm ``kind`` at ``at`` on each of ``servers`` (none: the policy's own) where it
         is not armed already."""
         when, bucket = self._when, None
@@ -36,19 +48,19 @@ class Timers:
                     heapq.heappush(self._heap, (at, kind))
             bucket.add(server)
 
-    def cancel(self, kind: str, server: int = OWN) -> None:
+    def cancel(self, kind: TimerKind, server: int = OWN) -> None:
         at = self._when.pop((kind, server), None)
         if at is not None:  # (an instant left with no server is skipped when due)
             self._at[at, kind].discard(server)
 
-    def when(self, kind: str, server: int = OWN) -> float | None:
+    def when(self, kind: TimerKind, server: int = OWN) -> float | None:
         """When ``kind`` is armed on ``server``; None if it is not."""
         return self._when.get((kind, server))
 
-    def servers_at(self, at: float, kind: str) -> frozenset[int]:
+    def servers_at(self, at: float, kind: TimerKind) -> frozenset[int]:
         return frozenset(self._at.get((at, kind), ()))
 
-    def due(self, now: float) -> list[tuple[str, int]]:
+    def due(self, now: float) -> list[tuple[TimerKind, int]]:
         """At a tick: the timers due at ``now``, disarmed, by instant, kind and server."""
         self._asked = -1.0  # this tick was the one asked for: a timer due now needs another
         due = []
