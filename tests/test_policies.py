@@ -47,6 +47,20 @@ def test_the_registry_names_every_policy_module_and_each_of_its_presets_once():
     assert available() == sorted(built)
 
 
+def test_what_a_policy_can_show_is_a_capability_it_has_not_an_attribute_probed():
+    from gandiva.backends.explain import placements, quantum
+    from gandiva.policies import AssignsServers, TimeSlices
+
+    for name in ("fifo", "las"):
+        policy = make_policy(name)
+        assert not isinstance(policy, AssignsServers | TimeSlices)
+        assert placements(policy) is quantum(policy) is None
+    for spec, q in (("slicer:quantum=3", 3.0), ("gandiva:quantum=7", 7.0), ("gandiva-paper", 60.0)):
+        policy = make_policy(spec)
+        assert isinstance(policy, AssignsServers) and isinstance(policy, TimeSlices)
+        assert quantum(policy) == q and placements(policy) is not None
+
+
 def test_best_fit_prefers_fullest_server_and_one_socket():
     c = Cluster.build("2x4")
     c.observe(E.Arrival(0, JobSpec("x", 0, 3, "resnet50", duration=1)))

@@ -19,6 +19,7 @@ from itertools import chain
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from gandiva.policies import AssignsServers, TimeSlices
 from gandiva.spec import TERMINAL, JobState
 from gandiva.state import Cluster, JobStatus
 
@@ -49,17 +50,13 @@ class Placements(Protocol):
 
 
 def placements(policy: object) -> object | None:
-    """The policy's placements, if it assigns jobs to servers (None: it does not): what its
-    ``placements()`` gives, else its ``book`` (a ``Placements``, or a plain book that
-    ``Copied`` reads)."""
-    read = getattr(policy, "placements", None)
-    return read() if read is not None else getattr(policy, "book", None)
+    """The policy's placements, if it assigns jobs to servers (None: it does not)."""
+    return policy.placements() if isinstance(policy, AssignsServers) else None
 
 
 def quantum(policy: object) -> float | None:
     """The policy's time slice in seconds, if it time-slices."""
-    q = getattr(policy, "quantum", None)
-    return q if q is not None else getattr(getattr(policy, "config", None), "quantum", None)
+    return policy.quantum if isinstance(policy, TimeSlices) else None
 
 
 @dataclass(frozen=True)

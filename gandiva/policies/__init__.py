@@ -15,7 +15,7 @@ import dataclasses
 import importlib
 import random
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from gandiva.scheduler import Policy
 
@@ -28,6 +28,24 @@ POLICIES: dict[str, str] = {
     "gandiva": "gandiva",
     "gandiva-paper": "gandiva",
 }
+
+
+@runtime_checkable
+class AssignsServers(Protocol):
+    """A policy that gives each job the servers it belongs to (over-subscribed servers take
+    turns among their own): what readers (``backends.explain``) show as a job's home."""
+
+    def placements(self) -> Any:
+        """Where jobs belong: a ``backends.explain.Placements``, or a plain book with
+        ``changes``, ``home`` and ``height(server)`` that the reader copies."""
+
+
+@runtime_checkable
+class TimeSlices(Protocol):
+    """A policy that gives jobs turns of ``quantum`` seconds."""
+
+    @property
+    def quantum(self) -> float: ...
 
 
 def _module(name: str) -> ModuleType:

@@ -95,6 +95,10 @@ class Slicer:
     _starting: dict[str, None] = field(default_factory=dict, repr=False)
     _wake: float = -1.0
 
+    def placements(self) -> Book:
+        """Where jobs belong, for readers (``backends.explain``), read, never written."""
+        return self.book
+
     def decide(self, event: E.Event, cluster: Cluster) -> Iterator[A.Action]:
         self._observe(event, cluster)
         yield from self._shrink(cluster)
