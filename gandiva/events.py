@@ -31,7 +31,7 @@ class ProfileSample:
     job_id: str
     mini_batch_time: float
     memory_gb: float
-    utilization: float | None  # None: unknown, never packed on
+    utilization: float | None  # None: unknown (MIG): packed on memory alone, after known ones
     mini_batches_done: int
 
 

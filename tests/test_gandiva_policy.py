@@ -318,6 +318,34 @@ def test_a_packed_job_out_of_its_memory_share_leaves_the_gpu_and_never_pairs_the
     assert list(p.decide(E.OutOfMemory(60.0, "c"), c)) == []  # alone on its GPU: a crash
 
 
+def test_jobs_of_unknown_utilisation_pack_on_memory_alone_after_those_known():
+    """A MIG instance has no per-process utilisation: its jobs are packed on memory alone
+    (least utilised first, the unknown after), and the trial still judges the pair."""
+    p = make_policy("gandiva")
+    c, book = hand_state("1x1", {"b": (1, (0,)), "a": (1, ()), "k": (1, ())}, policy=p)
+
+    def sample(jid, utilization, memory=4.0):
+        event = E.ProfileSample(c.now, jid, 0.1, memory, utilization, 10)
+        c.observe(event)
+        p.packing.observe(c, event)
+
+    for guest, utilization in (("b", None), ("k", 0.2)):  # each profiled running alone
+        if guest != "b":
+            c.apply(A.Place(guest, (0,)))
+        sample(guest, utilization)
+        c.apply(A.Suspend(guest))
+        book.assign(c.jobs[guest], (0,))
+    c.apply(A.Place("a", (0,)))
+    book.assign(c.jobs["a"], (0,))
+    sample("a", None)  # the host: its utilisation unknown too
+    waiting = [c.jobs["b"], c.jobs["k"]]
+    assert p.packing.guests(waiting) == waiting
+    packs = [x for x in p.packing.try_pack(c, 0, waiting) if isinstance(x, A.Pack)]
+    assert packs and packs[0].job_id == "k"  # known (0.2) before unknown
+    c.jobs["k"].memory_gb = None  # memory unknown: never paired
+    assert p.packing.guests([c.jobs["k"]]) == []
+
+
 def test_packing_undone_when_it_does_not_pay():
     result, sim = run("1x1:P40", "gandiva:-slices.keep_turn", job("a", 0, 1, 900, model="lstm"),
                       job("b", 10, 1, 900, model="lstm"))

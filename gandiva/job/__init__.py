@@ -723,7 +723,7 @@ class Job:
         """The share of the window this process computed: on a GPU, its own samples in
         NVML (not a packed partner's), over a span of at least the driver's sampling period
         (a shorter window says the last span's; None before the first: unknown, which the
-        scheduler never packs on); on CPU slots, its CPU time over its threads."""
+        scheduler packs on memory alone); on CPU slots, its CPU time over its threads."""
         import torch
 
         if self.device.type == "cuda":

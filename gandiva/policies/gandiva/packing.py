@@ -131,11 +131,12 @@ class Packing:
                 and frozenset((a.id, b.id)) not in self.bad_pairs)
 
     def guests(self, waiting: list[Job]) -> list[Job]:
-        """The ``waiting`` jobs of a server that ``try_pack`` may pack: on one GPU, profiled,
-        and in no trial (most rounds find none: the cheap test comes first)."""
+        """The ``waiting`` jobs of a server that ``try_pack`` may pack: on one GPU, profiled
+        (its memory known; its utilisation may not be, as on a MIG instance: it is packed
+        on memory alone, and the trial still judges the pair), and in no trial (most rounds
+        find none: the cheap test comes first)."""
         return [j for j in waiting if j.num_gpus == 1 and j.id in self.solo_mbt
-                and j.utilization is not None and j.memory_gb is not None
-                and j.id not in self.trials]
+                and j.memory_gb is not None and j.id not in self.trials]
 
     def try_pack(self, cluster: Cluster, server: int, waiting: list[Job]) -> Decision[None]:
         """Pack the ``waiting`` jobs of ``server`` (its ``guests``), least-utilised first,
@@ -146,10 +147,9 @@ class Packing:
         book = self.s.book
         hosts = [cluster.jobs[j] for j in book.members[server]]
         hosts = [j for j in hosts if j.status is JobStatus.RUNNING and j.num_gpus == 1
-                 and j.utilization is not None and j.memory_gb is not None
-                 and not shares_gpu(cluster, j)]
-        hosts.sort(key=lambda j: (j.utilization, j.seq))
-        for guest in sorted(waiting, key=lambda j: (j.utilization, j.seq)):
+                 and j.memory_gb is not None and not shares_gpu(cluster, j)]
+        hosts.sort(key=_least_utilised)
+        for guest in sorted(waiting, key=_least_utilised):
             for host in hosts:
                 if host.priority > guest.priority or not self.may_pair(
                         guest, host, cluster.gpus[host.gpus[0]].memory_gb):
@@ -247,3 +247,8 @@ class Packing:
                 yield from self._unpack_to(cluster, mover, gpus_on(cluster, dest, 1))
                 book.assign(mover, (dest,))
         self.still_packed(cluster)
+
+
+def _least_utilised(job: Job) -> tuple[bool, float, int]:
+    """Packing's order: the least utilised first, those of unknown utilisation after."""
+    return (job.utilization is None, job.utilization or 0.0, job.seq)
