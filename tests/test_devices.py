@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from test_runtime import started, wait_for  # noqa: E402
 from waiting import trains, until  # noqa: E402
 
-from gandiva.job import nvml  # noqa: E402
+from gandiva.job import nvml, wire  # noqa: E402
 from gandiva.node import devices  # noqa: E402
 from gandiva.node.agent import Agent, Launch  # noqa: E402
 
@@ -416,6 +416,10 @@ def test_a_signal_stop_is_bounded_by_half_the_collective_timeout_the_job_reporte
     assert agent_module.stop_bound(300.0, None) == 300.0  # nothing reported: 5 minutes
     assert agent_module.stop_bound(300.0, 600.0) == 300.0  # NCCL's default 10 minutes
     assert agent_module.stop_bound(300.0, 2.0) == 1.0
+    assert agent_module.stop_bound(300.0, -5.0) == 300.0  # a job's nonsense: ignored
+    with pytest.raises(wire.BadReport, match="collective_timeout_s"):  # (not a number)
+        wire.report(b'{"ev": "profile", "step": 1, "mini_batch_time": 0.1, "memory_gb": 1, '
+                    b'"utilization": null, "collective_timeout_s": "never"}')
     monkeypatch.setattr(agent_module, "ACK_TIMEOUT_S", 0.3)
     slow = tmp_path / "slow"
     script = tmp_path / "grouped.py"
@@ -617,14 +621,14 @@ def test_a_cap_leaves_the_allocator_what_is_left_beside_what_the_process_holds_o
             return [SimpleNamespace(pid=os.getpid(), usedGpuMemory=self.used)]
 
     job = Job({})
-    assert job.outside_gb() == CONTEXT_GB  # no NVML here
+    assert job.outside_gb(nvml.held_gb()) == CONTEXT_GB  # no NVML here
     try:
         nvml.use(Driver(3 * 2**30))
-        assert job.outside_gb() == 3.0  # (no allocator reserve on this machine)
+        assert job.outside_gb(nvml.held_gb()) == 3.0  # (no allocator reserve on this machine)
         nvml.use(Driver(2**28))
-        assert job.outside_gb() == CONTEXT_GB  # never less than a context
+        assert job.outside_gb(nvml.held_gb()) == CONTEXT_GB  # never less than a context
         nvml.use(Driver(None))
-        assert job.outside_gb() == CONTEXT_GB
+        assert job.outside_gb(nvml.held_gb()) == CONTEXT_GB
     finally:
         nvml.use(None)
 

@@ -499,23 +499,27 @@ class Job:
         outside it (``outside_gb``), applied again at every profile as that grows. Past
         it, an allocation raises ``torch.OutOfMemoryError`` in this job only; its partner's
         memory is never taken."""
+        self.memory_cap_gb = memory_gb
+        if self.device.type == "cuda":
+            self._bind_allocator(None if memory_gb is None else nvml.held_gb())
+
+    def _bind_allocator(self, held: float | None) -> None:
+        """Set the caching allocator's share for ``memory_cap_gb``, ``held`` being NVML's
+        reading of this process (None: unknown)."""
         import torch
 
-        self.memory_cap_gb = memory_gb
-        if self.device.type != "cuda":
-            return
+        cap = self.memory_cap_gb
         total = torch.cuda.get_device_properties(self.device).total_memory / 2**30
-        fraction = (1.0 if memory_gb is None
-                    else allocator_fraction(memory_gb, self.outside_gb(), total))
+        fraction = 1.0 if cap is None else allocator_fraction(cap, self.outside_gb(held), total)
         torch.cuda.set_per_process_memory_fraction(fraction, self.device)
 
-    def outside_gb(self) -> float:
+    def outside_gb(self, held: float | None) -> float:
         """What this process holds of its GPU outside the caching allocator (its CUDA
-        context, NCCL's buffers, cuBLAS' handles): NVML's count less the allocator's
-        reserve, at least a context's (CONTEXT_GB), the most NVML cannot tell."""
+        context, NCCL's buffers, cuBLAS' handles), NVML reading ``held`` of it: that less
+        the allocator's reserve, at least a context's (CONTEXT_GB), the most NVML cannot
+        tell (``held`` None)."""
         import torch
 
-        held = nvml.held_gb()
         inside = (torch.cuda.memory_reserved(self.device) / 2**30
                   if torch.cuda.is_initialized() else 0.0)
         return CONTEXT_GB if held is None else max(CONTEXT_GB, held - inside)
@@ -709,12 +713,12 @@ class Job:
         import torch
 
         if self.device.type == "cuda":
-            held = nvml.held_gb()
-            if held is None:
-                held = torch.cuda.max_memory_reserved(self.device) / 2**30
+            seen = nvml.held_gb()
+            held = (seen if seen is not None
+                    else torch.cuda.max_memory_reserved(self.device) / 2**30)
             self._peak_gb = max(self._peak_gb, held)
             if self.memory_cap_gb is not None:  # what it holds outside the allocator grew
-                self.limit(self.memory_cap_gb)
+                self._bind_allocator(seen)  # (from the same reading)
             return self._peak_gb
         # Linux reports ru_maxrss in KiB
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

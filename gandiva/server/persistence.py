@@ -55,8 +55,8 @@ def change_of(rec: JobRecord, what: str) -> JobChange:
         data.update(rec.profile, metrics=dict(rec.metrics))
     if what == "checkpoint-refused":  # on the event only: the job's own state and reason stay
         data["reason"] = rec.refused
-    if what in ("restarted", "node-lost", "out-of-memory"):  # why, on the event: a later end
-        # overwrites the job's
+    # why, on the event: a later end overwrites the job's
+    if what in ("restarted", "node-lost", "out-of-memory"):
         data["reason"] = rec.reason
     reason = rec.reason if what in ("failed", "restarted", "cancelled") else None
     if what == "done" and rec.reason:  # (ranks killed at its end: said, and counted)
