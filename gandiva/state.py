@@ -114,10 +114,6 @@ class Cluster:
         # cost is modelled as a stall of the job), so it leaves ``confirms`` off and this empty.
         self.confirms = False
         self.transitions: dict[str, str] = {}
-        # A backend with no observer of every time-slicing round (the simulator, without its
-        # timeline or a controller) sets this: a policy may then put off rounds that would
-        # change nothing (``Wake`` later), and the results stay those of every round run
-        self.skip_quiet_rounds = False
         # GPUs whose jobs changed, for a watcher that takes them (a real backend's timeline:
         # it looks at these, not at every GPU, after each event); None: nobody watches
         self.touched: set[int] | None = None
@@ -138,14 +134,12 @@ class Cluster:
         self._down_gpus = 0
 
     # ---- construction -------------------------------------------------------------------
-    def driven_by(self, *, confirms: bool = False, watched: bool = False,
-                  skip_quiet_rounds: bool = False) -> None:
+    def driven_by(self, *, confirms: bool = False, watched: bool = False) -> None:
         """Say how the backend driving this state works: whether its actions take time
-        (``confirms``), whether it watches the GPUs whose jobs change (``watched``: it reads
-        and clears ``touched``), and whether rounds that change nothing may be put off."""
+        (``confirms``), and whether it watches the GPUs whose jobs change (``watched``: it
+        reads and clears ``touched``)."""
         self.confirms = confirms
         self.touched = set() if watched else None
-        self.skip_quiet_rounds = skip_quiet_rounds
 
     @classmethod
     def build(

@@ -17,6 +17,12 @@ def job(jid: str, submit: float, gpus: int, duration: float, **kw) -> JobSpec:
                    duration=duration, **kw)
 
 
+def jcts(result) -> dict[str, float | None]:
+    """Each job's completion time (None: it did not finish)."""
+    return {r.spec.id: None if r.finish is None else r.finish - r.spec.submit_time
+            for r in result.jobs}
+
+
 def drive(cluster: str, policy: str, *events: Event) -> tuple[Scheduler, list]:
     """A scheduler on a fresh cluster that has handled ``events`` (checking the invariants
     after each), and the list of actions its backend is asked for, which grows as it goes on."""

@@ -5,8 +5,9 @@ what it is refused, and, for every tunable, a small simulated run in which two o
 import sys
 
 import pytest
+import test_framework as framework_tests
 import test_gandiva_policy as policy_tests
-from conftest import job
+from conftest import jcts, job
 
 from gandiva import actions as A
 from gandiva.policies import make_policy
@@ -30,10 +31,6 @@ def acts(result, kind, job_id=None):
 
 def times(result, kind, job_id=None):
     return [t for t, _ in acts(result, kind, job_id)]
-
-
-def jcts(result):
-    return {r.spec.id: r.finish - r.spec.submit_time for r in result.jobs}
 
 
 def decisions(result):
@@ -93,7 +90,7 @@ def test_the_paper_preset_differs_from_the_default_exactly_in_its_five_settings(
 def test_a_spec_sets_values_by_dotted_path_over_its_preset():
     c = make_policy("gandiva:quantum=30:-packing:slices.order=las:placement.max_height=2").config
     assert c.quantum == 30 and c.slices.order == "las" and c.placement.max_height == 2
-    assert c.packing == C.Packing(enabled=False)
+    assert c.packing == C.PackingSettings(enabled=False)
     assert flat(c).keys() == set(setting_paths())
     rest = {k: v for k, v in flat(c).items() if k not in (
         "quantum", "slices.order", "placement.max_height", "packing.enabled", "packing.min_gain",
@@ -194,7 +191,7 @@ def test_a_setting_with_no_effect_under_the_paper_preset_is_refused(spec, field)
 def test_switching_a_section_off_over_a_preset_that_set_values_in_it_works():
     # gandiva-paper sets packing.spread=false: switched off, packing drops it
     c = make_policy("gandiva-paper:-packing").config
-    assert c.packing == C.Packing(enabled=False)
+    assert c.packing == C.PackingSettings(enabled=False)
     assert flat(c) == {**flat(make_policy("gandiva-paper").config), "packing.enabled": False,
                        "packing.spread": True}
     # and on again, the preset's value stays
@@ -298,6 +295,8 @@ def test_an_unknown_preset_is_refused():
 HERE = sys.modules[__name__]
 DECIDES = {
     "quantum": (HERE, "test_quantum_sets_when_time_slices_turn"),
+    "plugins": (framework_tests,
+                "test_a_scorer_plugged_in_by_name_sends_jobs_to_the_gpu_type_it_prefers"),
     "placement.oversubscribe": (
         HERE, "test_oversubscribe_time_slices_a_newcomer_instead_of_queueing_it"),
     "placement.max_height": (HERE, "test_max_height_caps_how_many_jobs_share_a_server"),

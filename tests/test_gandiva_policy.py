@@ -1,7 +1,7 @@
 """The Gandiva policy's mechanisms, each decided on a small hand-built cluster."""
 
 import pytest
-from conftest import drive, job
+from conftest import drive, jcts, job
 
 from gandiva import actions as A
 from gandiva import events as E
@@ -10,7 +10,8 @@ from gandiva.policies import make_policy
 from gandiva.policies.gandiva import Gandiva
 from gandiva.policies.gandiva.admission import LasAdmission
 from gandiva.policies.gandiva.book import Book
-from gandiva.policies.gandiva.placement import choose_server
+from gandiva.policies.gandiva.config import PlacementSettings
+from gandiva.policies.gandiva.placement import Placer, choose_server
 from gandiva.sim.engine import SimConfig, Simulator
 from gandiva.sim.perf import default_perf_model
 from gandiva.spec import JobSpec
@@ -32,10 +33,6 @@ def acts(result, kind, job_id=None):
 
 def servers(cluster: Cluster, action) -> set[int]:
     return cluster.servers_of(action.gpus)
-
-
-def jcts(result):
-    return {r.spec.id: r.finish - r.spec.submit_time for r in result.jobs}
 
 
 # ---- Algorithm 1: affinity placement -------------------------------------------------------
@@ -327,7 +324,7 @@ def test_jobs_of_unknown_utilisation_pack_on_memory_alone_after_those_known():
     def sample(jid, utilization, memory=4.0):
         event = E.ProfileSample(c.now, jid, 0.1, memory, utilization, 10)
         c.observe(event)
-        p.packing.observe(c, event)
+        p.packing.record(c, event)
 
     for guest, utilization in (("b", None), ("k", 0.2)):  # each profiled running alone
         if guest != "b":
@@ -644,7 +641,7 @@ def test_an_arrival_after_a_scan_that_placed_nothing_decides_exactly_as_a_full_r
         return result, policy.scans_from_arrival
 
     fast, shortcuts = simulate()
-    monkeypatch.setattr(Gandiva, "SCAN_FROM_ARRIVAL", False)
+    monkeypatch.setattr(Gandiva, "_scan_start", lambda self, cluster, arrived: 0)  # a full scan
     full, none = simulate()
     assert shortcuts > count // 5 and none == 0  # the queue was long: taken often
     assert fast.actions == full.actions
@@ -675,7 +672,7 @@ def test_a_scan_that_found_no_job_to_send_back_for_a_width_decides_as_one_that_l
         return result, len(looks)
 
     memo, n_memo = simulate()
-    monkeypatch.setattr(LasAdmission, "REMEMBER_NO_VICTIM", False)
+    monkeypatch.setattr(LasAdmission, "found_none_before", lambda self, job, attained: False)
     full, n_full = simulate()
     assert n_memo < n_full / 2
     assert memo.actions == full.actions
@@ -733,6 +730,11 @@ def test_indexed_placement_chooses_exactly_the_server_algorithm_1_chooses(seed):
             for head in (False, True):
                 want = algorithm_1(newcomer(c, n), c, book, height, head)
                 assert choose_server(newcomer(c, n), c, book, height, True, head=head) == want
+                # the scan the mechanisms' filters and scores take: Algorithm 1 when they
+                # refuse nothing and score every server alike
+                hooked = Placer(PlacementSettings(max_height=height),
+                                [lambda job, s, c: True], [lambda job, s, c: 1.0])
+                assert hooked.choose(newcomer(c, n), c, book, head) == want
 
 
 def test_judging_only_the_trials_whose_jobs_changed_decides_exactly_as_judging_all():

@@ -1,7 +1,7 @@
 """The baselines' decisions on small hand-built clusters, with hand-computed JCTs."""
 
 import pytest
-from conftest import drive, job
+from conftest import drive, jcts, job
 
 from gandiva import actions as A
 from gandiva import events as E
@@ -12,10 +12,6 @@ from gandiva.sim.perf import default_perf_model
 from gandiva.sim.run import simulate
 from gandiva.spec import JobSpec
 from gandiva.state import Cluster, JobStatus
-
-
-def jcts(result) -> dict[str, float]:
-    return {r.spec.id: r.finish - r.spec.submit_time for r in result.jobs}
 
 
 def test_policy_registry_and_parameters():

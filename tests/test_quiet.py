@@ -40,11 +40,11 @@ def test_only_a_backend_that_watches_no_round_lets_rounds_be_put_off():
     for config in (SimConfig(timeline=True), SimConfig(timeline=False, report_every=100),
                    SimConfig(timeline=False, skip_quiet_rounds=False)):
         sim = Simulator(Cluster.build("1x4"), make_policy("gandiva", 0), [], config=config)
-        assert not sim.cluster.skip_quiet_rounds
+        assert not sim.policy.quiet.enabled
     sim = Simulator(Cluster.build("1x4"), make_policy("gandiva", 0), [],
                     config=SimConfig(timeline=False))
-    assert sim.cluster.skip_quiet_rounds
-    assert not Cluster.build("1x4").skip_quiet_rounds  # (the real backends' default)
+    assert sim.policy.quiet.enabled
+    assert not make_policy("gandiva", 0).quiet.enabled  # (the real backends' default)
 
 
 def test_under_the_default_rounds_that_would_change_nothing_are_put_off_with_the_same_run():

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import job
+from conftest import jcts, job
 
 from gandiva import actions as A
 from gandiva import events as E
@@ -47,11 +47,6 @@ def simulate(cluster: str, policy, *jobs: JobSpec, **config) -> tuple[SimResult,
 
 def records(result: SimResult) -> dict[str, JobRecord]:
     return {r.spec.id: r for r in result.jobs}
-
-
-def jcts(result: SimResult) -> dict[str, float | None]:
-    return {r.spec.id: None if r.finish is None else r.finish - r.spec.submit_time
-            for r in result.jobs}
 
 
 # ---- tiny policies, real Policy objects ---------------------------------------------------

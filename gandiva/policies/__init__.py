@@ -48,6 +48,14 @@ class TimeSlices(Protocol):
     def quantum(self) -> float: ...
 
 
+@runtime_checkable
+class PutsOffQuietRounds(Protocol):
+    """A policy that may put off time-slicing rounds that would change nothing, where the
+    backend watches no round (the simulator without its timeline or a controller)."""
+
+    def put_off_quiet_rounds(self) -> None: ...
+
+
 def _module(name: str) -> ModuleType:
     return importlib.import_module(f"gandiva.policies.{POLICIES[name]}")
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from gandiva import actions as A
 from gandiva import events as E
+from gandiva.policies import PutsOffQuietRounds
 from gandiva.run import JobRun, RunResult, no_counts
 from gandiva.scheduler import Policy, Scheduler
 from gandiva.sim.perf import PerfModel, default_perf_model
@@ -127,9 +128,10 @@ class Simulator:
         self.perf = perf or default_perf_model()
         self.config = config or SimConfig()
         self.scheduler = Scheduler(cluster, policy, self)
-        cluster.driven_by(skip_quiet_rounds=self.config.skip_quiet_rounds
-                          and not self.config.timeline and self.config.report_every is None
-                          and self.config.controller is None)
+        if (isinstance(policy, PutsOffQuietRounds) and self.config.skip_quiet_rounds
+                and not self.config.timeline and self.config.report_every is None
+                and self.config.controller is None):
+            policy.put_off_quiet_rounds()  # nothing here watches every round
         self.policy = policy
         self._noise: dict[str, float] = {}  # job -> the error of its measurements alone
         self._measured: dict[str, int] = {}  # job beside others -> measurements so far

@@ -9,9 +9,8 @@ gang larger than a server, at the head of the queue and with no place under ``ma
 likewise sends back, on the servers it needs, just enough of the jobs that had more service
 than it to fit under ``max_height`` (``make_room``).
 
-A victim may sit on a server of another affinity: on the busiest traces no server had a
-newcomer's affinity, so displacement never found one; and a gang clears servers only when it
-has no place to over-subscribe (docs/decisions/0005).
+A victim may sit on a server of another affinity, and a gang clears servers only when it has
+no place to over-subscribe (docs/decisions/0005 says why).
 """
 
 from __future__ import annotations
@@ -20,16 +19,22 @@ from collections.abc import Callable
 from math import ceil
 
 from gandiva import actions as A
+from gandiva.policies.gandiva.framework import Mechanism, ignores_samples
 from gandiva.policies.gandiva.shared import Decision, Shared
 from gandiva.state import Cluster, Job, JobStatus
 
-SendBack = Callable[[Job, float], None]  # the policy's: the job loses its home, queued at rank
+# the policy's: the job loses its home, queued at a rank
+SendBack = Callable[[Cluster, Job, float], None]
 
 
-class Queue:
+class Queue(Mechanism):
     """The paper's: a newcomer with no place waits, in order of priority and arrival."""
 
     displaces = False
+    may_change = ignores_samples
+
+    def time_dependent(self) -> bool:
+        return False
 
     def rank(self, job: Job, now: float) -> float:
         return 0.0
@@ -40,22 +45,17 @@ class Queue:
     def placed(self) -> None:
         pass
 
-    def displace(self, cluster: Cluster, job: Job) -> Decision[bool]:
-        return False
-        yield  # (a generator that takes no action)
-
-    def make_room(self, cluster: Cluster, job: Job) -> Decision[None]:
+    def clear_for_gang(self, cluster: Cluster, job: Job) -> Decision[None]:
         return
         yield
 
 
-class LasAdmission:
+class LasAdmission(Mechanism):
     """Places go to the least attained service: a newcomer with no place sends back the job
     of its width with the most, and the waiting queue is ordered by it."""
 
     displaces = True
-    # a fast path, switched off only by the test that checks it decides as looking again
-    REMEMBER_NO_VICTIM = True
+    may_change = ignores_samples
 
     def __init__(self, shared: Shared, margin: float, max_height: float,
                  send_back: SendBack) -> None:
@@ -66,6 +66,16 @@ class LasAdmission:
         # per width, the priority and service of the last job ``displace`` found no job to
         # send back for, in this scan of the queue since its last placing
         self.no_victim: dict[int, tuple[int, float]] = {}
+
+    def time_dependent(self) -> bool:
+        return False  # (it acts for waiting jobs only, and Quiet keeps rounds while any wait)
+
+    def make_room(self, cluster: Cluster, job: Job, choice: tuple[int, bool] | None
+                  ) -> Decision[bool]:
+        """No server for ``job``: send back the job of its width with the most service."""
+        if choice is not None:
+            return False
+        return (yield from self.displace(cluster, job))
 
     def rank(self, job: Job, now: float) -> float:
         """A job's place in the waiting queue, after priority: its attained service."""
@@ -80,19 +90,16 @@ class LasAdmission:
     def send_back(self, cluster: Cluster, victim: Job) -> Decision[None]:
         if victim.status is JobStatus.RUNNING:
             yield A.Suspend(victim.id)
-        self._send_back(victim, victim.attained_at(cluster.now))
+        self._send_back(cluster, victim, victim.attained_at(cluster.now))
 
     def displace(self, cluster: Cluster, job: Job) -> Decision[bool]:
-        """Free one place of ``job``'s width on any server; False if none may go.
-
-        A job with no higher priority and no less service than one of its width that found
-        none (since the scan of the queue last placed a job) finds none either, and does not
-        look: each look walks every server's jobs, and on the overloaded Philly replay
-        (fidelity.py) the looks of the scans made most of its 490 s."""
+        """Free one place of ``job``'s width on any server; False if none may go. A job with
+        no higher priority and no less service than one of its width that found none (since
+        the scan of the queue last placed a job) finds none either, and does not look
+        (docs/decisions/0011)."""
         n = job.num_gpus
         attained = job.attained_at(cluster.now)
-        failed = self.no_victim.get(n) if self.REMEMBER_NO_VICTIM else None
-        if failed is not None and failed[0] >= job.priority and failed[1] <= attained:
+        if self.found_none_before(job, attained):
             return False
         victim = self.most_served(cluster, job, attained + self.margin)
         if victim is None:
@@ -100,6 +107,12 @@ class LasAdmission:
             return False
         yield from self.send_back(cluster, victim)
         return True
+
+    def found_none_before(self, job: Job, attained: float) -> bool:
+        """Did a job of ``job``'s width with no lower priority and no more service find none
+        in this scan? (A test replaces this with False: looking again decides the same.)"""
+        failed = self.no_victim.get(job.num_gpus)
+        return failed is not None and failed[0] >= job.priority and failed[1] <= attained
 
     def most_served(self, cluster: Cluster, job: Job, floor: float) -> Job | None:
         """The 1-server job of ``job``'s width, and no higher priority, with the most service
@@ -118,7 +131,7 @@ class LasAdmission:
                     best = (served, other)
         return None if best is None else best[1]
 
-    def make_room(self, cluster: Cluster, job: Job) -> Decision[None]:
+    def clear_for_gang(self, cluster: Cluster, job: Job) -> Decision[None]:
         """Places for a gang wider than a server, at the head of the queue, when no server
         has one under ``max_height``: on the servers it needs, send back just enough of the
         jobs that had more service than it (plus the margin), and no higher priority, to bring

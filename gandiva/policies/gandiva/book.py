@@ -24,11 +24,13 @@ class Waiting:
 
     def __init__(self) -> None:
         self._order: SortedList = SortedList()
-        self._key: dict[str, tuple[int, float, int, str]] = {}
+        self._key: dict[str, tuple[int, float, float, int, str]] = {}
 
-    def add(self, job: Job, attained: float = 0.0) -> None:
+    def add(self, job: Job, attained: float = 0.0, before: float = 0.0) -> None:
+        """Queue ``job`` (again), ``before`` (the mechanisms' order) and ``attained`` placing
+        it among the jobs of its priority."""
         self.discard(job.id)
-        key = (-job.priority, attained, job.seq, job.id)
+        key = (-job.priority, before, attained, job.seq, job.id)
         self._key[job.id] = key
         self._order.add(key)
 
@@ -44,14 +46,14 @@ class Waiting:
         return len(self._order)
 
     def __getitem__(self, i: int) -> str:
-        return self._order[i][3]
+        return self._order[i][-1]
 
     def index(self, job_id: str) -> int:
         return self._order.index(self._key[job_id])
 
     def first(self, n: int) -> Iterator[str]:
         for key in self._order.islice(0, n):
-            yield key[3]
+            yield key[-1]
 
 
 MOVES_KEPT = 100_000  # jobs whose home changed, remembered for a reader (``moved_since``); a

@@ -16,7 +16,14 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gandiva.policies.gandiva.order import LEAST_STEP, MORE_LEVELS
 
@@ -36,7 +43,7 @@ class Section(BaseModel):
         return self
 
 
-class Placement(Section):
+class PlacementSettings(Section):
     """Algorithm 1: affinity placement, over-subscribing servers up to ``max_height``."""
 
     oversubscribe: bool = True
@@ -47,7 +54,7 @@ class Placement(Section):
     scan_depth: int = Field(256, ge=1)  # waiting jobs examined per decision
 
 
-class Slices(Section):
+class SlicesSettings(Section):
     """The order of time slices on an over-subscribed server (``order.py``)."""
 
     # "levels": a job never run first, then attained-service levels (docs/decisions/0002);
@@ -63,7 +70,7 @@ class Slices(Section):
         return {}
 
     @model_validator(mode="after")
-    def _step(self) -> Slices:
+    def _step(self) -> SlicesSettings:
         if not (self.level_step == 1 or LEAST_STEP <= self.level_step < math.inf):
             raise ValueError(f"level_step must be 1 (no levels beyond the las policy's) or "
                              f"from {LEAST_STEP:.3f} (at most {MORE_LEVELS} levels more) to a "
@@ -71,7 +78,7 @@ class Slices(Section):
         return self
 
 
-class Balance(Section):
+class BalanceSettings(Section):
     """One slice order across servers, as LAS has one across the cluster (decision 0003)."""
 
     enabled: bool = True
@@ -84,13 +91,13 @@ class Balance(Section):
             ("servers", "spare_gangs", "idle_to_gangs"), "balance is on")
 
 
-class Gangs(Section):
+class GangsSettings(Section):
     """How a gang wider than a server takes its turn (decision 0006)."""
 
     share: Literal["used", "whole"] = "used"  # "whole": its servers whole, as the paper reads
 
 
-class Admission(Section):
+class AdmissionSettings(Section):
     """Who gets a place when every server is at ``max_height`` (decision 0005)."""
 
     rule: Literal["queue", "las"] = "las"  # "queue": the paper's, newcomers wait
@@ -102,7 +109,7 @@ class Admission(Section):
         return {} if self.rule == "las" else {"displace_margin": "rule=las"}
 
 
-class Packing(Section):
+class PackingSettings(Section):
     """Introspective packing under overload (``packing.py``)."""
 
     enabled: bool = True
@@ -115,7 +122,7 @@ class Packing(Section):
         return {} if self.enabled else dict.fromkeys(("min_gain", "spread"), "packing is on")
 
 
-class Migration(Section):
+class MigrationSettings(Section):
     """Migration for locality when jobs leave (``migration.py``)."""
 
     enabled: bool = True
@@ -125,7 +132,7 @@ class Migration(Section):
         return {} if self.enabled else {"max_moves": "migration is on"}
 
 
-class Defrag(Section):
+class DefragSettings(Section):
     """Defragmentation while a job waits on fragmented GPUs (``migration.py``)."""
 
     enabled: bool = True
@@ -137,7 +144,7 @@ class Defrag(Section):
                                                      "defrag is on")
 
 
-class Elastic(Section):
+class ElasticSettings(Section):
     """Grow into idle GPUs, shrink when new work needs them (``elastic.py``)."""
 
     enabled: bool = True
@@ -151,15 +158,23 @@ class Elastic(Section):
 
 class Config(Section):
     quantum: float = Field(60.0, gt=0)  # the paper's suspend/resume quantum (seconds)
-    placement: Placement = Placement()
-    slices: Slices = Slices()
-    balance: Balance = Balance()
-    gangs: Gangs = Gangs()
-    admission: Admission = Admission()
-    packing: Packing = Packing()
-    migration: Migration = Migration()
-    defrag: Defrag = Defrag()
-    elastic: Elastic = Elastic()
+    # mechanisms from outside the package, by their registered names (``framework.plug_in``);
+    # a spec writes ``plugins=a+b``
+    plugins: tuple[str, ...] = ()
+    placement: PlacementSettings = PlacementSettings()
+    slices: SlicesSettings = SlicesSettings()
+    balance: BalanceSettings = BalanceSettings()
+    gangs: GangsSettings = GangsSettings()
+    admission: AdmissionSettings = AdmissionSettings()
+    packing: PackingSettings = PackingSettings()
+    migration: MigrationSettings = MigrationSettings()
+    defrag: DefragSettings = DefragSettings()
+    elastic: ElasticSettings = ElasticSettings()
+
+    @field_validator("plugins", mode="before")
+    @classmethod
+    def _names(cls, value: Any) -> Any:
+        return tuple(n for n in value.split("+") if n) if isinstance(value, str) else value
 
 
 # the presets, as the values they set over the defaults
@@ -205,8 +220,9 @@ def parse(preset: str, options: list[str]) -> Config:
         if len(keys) == 1 and keys[0] in SWITCHED:
             keys.append("enabled")
         if keys[0] not in Config.model_fields or len(keys) > 2:
+            sections = [s for s in Config.model_fields if s not in ("quantum", "plugins")]
             raise ValueError(f"policy {preset!r} has no setting {path!r}; it has: quantum, "
-                             + ", ".join(f"{s}.*" for s in list(Config.model_fields)[1:]))
+                             "plugins, " + ", ".join(f"{s}.*" for s in sections))
         node = values
         for key in keys[:-1]:
             node = node.setdefault(key, {})

@@ -11,10 +11,15 @@ the job's profiled GPU memory (an upper bound on its checkpoint) with the paper'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from math import ceil
 
 from gandiva import actions as A
+from gandiva import events as E
+from gandiva.policies.gandiva.framework import Cycle, Mechanism, ignores_samples
+from gandiva.policies.gandiva.placement import Allowed, allowed_on
 from gandiva.policies.gandiva.shared import Decision, Shared
+from gandiva.policies.gandiva.timers import TimerKind
 from gandiva.policies.placement import best_fit, pick_in_server
 from gandiva.state import Cluster, Job, JobStatus
 
@@ -55,14 +60,22 @@ def may_consolidate(cluster: Cluster, count: int) -> bool:
     return False
 
 
-class Locality:
+class Locality(Mechanism):
     """Jobs placed spread out, moved onto consolidated GPUs as departures free some."""
 
-    def __init__(self, shared: Shared, enabled: bool, max_moves: int) -> None:
+    may_change = ignores_samples
+
+    def __init__(self, shared: Shared, max_moves: int) -> None:
         self.s = shared
-        self.enabled = enabled
         self.max_moves = max_moves
         self.spread: dict[str, None] = {}  # spread jobs, in the order they were placed
+
+    def after_decision(self, cluster: Cluster, cycle: Cycle) -> Decision[None]:
+        if isinstance(cycle.event, E.Departure | E.Join):  # GPUs became free, or new ones came
+            yield from self.consolidate(cluster)
+
+    def time_dependent(self) -> bool:
+        return False
 
     def placed(self, cluster: Cluster, job: Job) -> None:
         if is_spread(cluster, job.num_gpus, job.gpus):
@@ -85,7 +98,7 @@ class Locality:
                 return
             if jid in cluster.transitions:
                 continue  # still starting or moving on its node: looked at again later
-            target = _consolidated(cluster, job)
+            target = _consolidated(cluster, job, self.s.may_go(job, cluster))
             if target is None:
                 continue
             yield A.Migrate(jid, target)
@@ -94,30 +107,50 @@ class Locality:
             moved += 1
 
 
-def _consolidated(cluster: Cluster, job: Job) -> tuple[int, ...] | None:
+def _consolidated(cluster: Cluster, job: Job, may: Allowed) -> tuple[int, ...] | None:
     n = job.num_gpus
     if n <= cluster.max_free_bucket:
         for have in range(n, cluster.max_free_bucket + 1):
             for node in cluster.nodes_with_free(have):
+                if may is not None and not may(node):
+                    continue
                 gpus = tuple(pick_in_server(cluster, node, n))
                 if not is_spread(cluster, n, gpus):
                     return gpus
         return None
-    fit = best_fit(cluster, n)
+    fit = allowed_on(cluster, best_fit(cluster, n), may)
     return None if fit is None or is_spread(cluster, n, fit) else fit
 
 
-class Defrag:
+class Defrag(Mechanism):
     """Empty a server when a waiting job could run on the free GPUs if they were on one."""
 
-    def __init__(self, shared: Shared, enabled: bool, interval: float, max_move_s: float,
+    timers = {TimerKind.DEFRAG: "on_defrag"}
+    may_change = ignores_samples
+
+    def __init__(self, shared: Shared, interval: float, max_move_s: float,
                  scan_depth: int) -> None:
         self.s = shared
-        self.enabled = enabled
         self.interval = interval
         self.max_move_s = max_move_s
         self.scan_depth = scan_depth
         self.count = 0  # servers emptied
+
+    def after_decision(self, cluster: Cluster, cycle: Cycle) -> Decision[None]:
+        """While jobs wait on GPUs that are free but fragmented, try every ``interval``."""
+        timers = self.s.timers
+        if (len(self.s.waiting) and timers.when(TimerKind.DEFRAG) is None
+                and self.blocked(cluster)):
+            timers.arm(cluster.now + self.interval, TimerKind.DEFRAG)
+        return
+        yield
+
+    def on_defrag(self, cluster: Cluster, server: int, cycle: Cycle) -> Decision[bool]:
+        yield from self.run(cluster)
+        return True  # the waiting jobs are looked at again
+
+    def time_dependent(self) -> bool:
+        return False
 
     def blocked(self, cluster: Cluster) -> Job | None:
         """The first waiting job that the free GPUs could hold if they were on one server."""
@@ -146,7 +179,7 @@ class Defrag:
                 for j in members
             ):
                 continue
-            plan = _plan_moves(cluster, source, members)
+            plan = _plan_moves(cluster, source, members, self.s.may_go)
             if plan is None:
                 continue
             for job, gpus in plan:
@@ -156,14 +189,16 @@ class Defrag:
             return
 
 
-def _plan_moves(cluster: Cluster, source: int, jobs: list[Job]) -> list | None:
+def _plan_moves(cluster: Cluster, source: int, jobs: list[Job],
+                may_go: Callable[[Job, Cluster], Allowed]) -> list | None:
     """Best-fit destinations on other servers for all ``jobs``, or None if any has none."""
     free = {n.id: len(cluster.free_gpus(n.id)) for n in cluster.nodes
             if n.up and n.id != source and cluster.free_gpus(n.id)}
     taken: dict[int, int] = {}
     plan = []
     for job in sorted(jobs, key=lambda j: -j.num_gpus):
-        fits = [s for s, f in free.items() if f >= job.num_gpus]
+        may = may_go(job, cluster)
+        fits = [s for s, f in free.items() if f >= job.num_gpus and (may is None or may(s))]
         if not fits:
             return None
         dest = min(fits, key=lambda s: (free[s], s))

@@ -11,11 +11,15 @@ departure left them free (docs/decisions/0009).
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from gandiva import actions as A
 from gandiva import events as E
-from gandiva.policies.gandiva.config import Packing as Settings
+from gandiva.policies.gandiva.config import PackingSettings
+from gandiva.policies.gandiva.framework import Cycle, Mechanism
 from gandiva.policies.gandiva.placement import free_elsewhere, gpus_on
-from gandiva.policies.gandiva.shared import Decision, Shared
+from gandiva.policies.gandiva.shared import Decision, Shared, noting
+from gandiva.policies.gandiva.timers import TimerKind
 from gandiva.state import Cluster, Job, JobStatus
 
 
@@ -78,21 +82,93 @@ def shares_gpu(cluster: Cluster, job: Job) -> bool:
     return any(len(cluster.gpus[g].jobs) > 1 for g in job.gpus)
 
 
-class Packing:
-    def __init__(self, shared: Shared, settings: Settings) -> None:
+class Packing(Mechanism):
+    timers = {TimerKind.SPREAD: "on_spread"}
+
+    def __init__(self, shared: Shared, settings: PackingSettings) -> None:
         self.s = shared
-        self.enabled = settings.enabled
         self.min_gain = settings.min_gain
-        self.spreads = settings.enabled and settings.spread
+        self.spreads = settings.spread
         self.solo_mbt: dict[str, float] = {}  # a job's mini-batch time alone
         self.packed_mbt: dict[str, float] = {}  # ... and beside another, in a trial
         self.trials = Trials()
         self.bad_pairs: set[frozenset[str]] = set()  # pairs found wanting
         self.gains: list[float] = []  # every judged pair's summed normalised throughput
         self.packed_on: set[int] = set()  # servers it packed on (``spread_elsewhere``)
+        self.profiled: dict[str, tuple[float | None, float | None]] = {}  # what samples said
+
+    # ---- hooks --------------------------------------------------------------------------
+    def observe(self, cluster: Cluster, event: E.Event, cycle: Cycle) -> Decision[None]:
+        """A sample is remembered, and may end a trial; a job that outgrew its share of a GPU
+        leaves it; a job stopping may end a trial."""
+        if isinstance(event, E.ProfileSample):
+            self.record(cluster, event)
+            yield from self.judge(cluster)
+        elif isinstance(event, E.OutOfMemory):
+            yield from self.out_of_memory(cluster, cluster.jobs[event.job_id])
+        elif isinstance(event, E.Departure):
+            self.trials.changed(event.job_id)
+        elif isinstance(event, E.Failure):
+            self.trials.changed_all()
+
+    def acted(self, action: A.JobAction) -> None:
+        self.trials.changed(action.job_id)  # its trial may have ended
+
+    def forget(self, job_id: str) -> None:
+        self.solo_mbt.pop(job_id, None)
+        self.packed_mbt.pop(job_id, None)
+        self.trials.end(job_id)
+        self.profiled.pop(job_id, None)
+
+    def may_change(self, cluster: Cluster, sample: E.ProfileSample) -> bool:
+        """It may if it can change packing: a first profile alone, a new memory or
+        utilisation, or a sample of a packed job or a trial's. (Remembers what it saw.)"""
+        job = cluster.jobs[sample.job_id]
+        seen = (job.memory_gb, job.utilization)
+        before = self.profiled.get(job.id)
+        self.profiled[job.id] = seen
+        if job.status is not JobStatus.RUNNING:
+            return False  # packing ignores it
+        return before != seen or self.may_act_on(cluster, job)
+
+    def time_dependent(self) -> bool:
+        return False
+
+    def after_round(self, cluster: Cluster, servers: list[int], waits: dict[int, list[Job]]
+                    ) -> Decision[Collection[int]]:
+        """On each server of the round: a packed job takes a free GPU (``spread_out``), and
+        the jobs left waiting are packed where they may (``try_pack``)."""
+        book, left = self.s.book, []
+        for server in servers:
+            waiting = server in waits  # spreading out leaves it so
+            if cluster.free_gpus(server):  # (most servers of a round have none)
+                yield from self.spread_out(cluster, server)
+            guests = self.guests(waits[server]) if waiting else None
+            if guests:
+                _, packed = yield from noting(self.try_pack(cluster, server, guests))
+                waiting = not packed or book.has_waiting(server, cluster)
+            if waiting:
+                left.append(server)
+        return left
+
+    def on_spread(self, cluster: Cluster, server: int, cycle: Cycle) -> Decision[bool]:
+        if self.packed_on and not len(self.s.waiting):
+            yield from self.spread_elsewhere(cluster)
+        return False
+
+    def after_decision(self, cluster: Cluster, cycle: Cycle) -> Decision[None]:
+        """After a departure or a join, arm a spread a quantum on if packed jobs could take
+        free GPUs. (A departure while one is armed waits with it: it looks at every free GPU
+        then, whichever departure freed it.)"""
+        timers = self.s.timers
+        if (isinstance(cycle.event, E.Departure | E.Join) and timers.when(TimerKind.SPREAD)
+                is None and self.wants_spread(cluster)):
+            timers.arm(cluster.now + self.s.quantum, TimerKind.SPREAD)
+        return
+        yield
 
     # ---- what it learns -----------------------------------------------------------------
-    def observe(self, cluster: Cluster, sample: E.ProfileSample) -> None:
+    def record(self, cluster: Cluster, sample: E.ProfileSample) -> None:
         """Remember a job's solo mini-batch time, or its packed one during a trial."""
         job = cluster.jobs[sample.job_id]
         if job.status is not JobStatus.RUNNING:
@@ -109,18 +185,6 @@ class Packing:
         in a trial, or it shares a GPU?"""
         return (job.id not in self.solo_mbt or self.trials.involves(job.id)
                 or shares_gpu(cluster, job))
-
-    def touched(self, job_id: str) -> None:
-        """The job stopped, or the policy acted on it: its trial may have ended."""
-        self.trials.changed(job_id)
-
-    def touched_all(self) -> None:
-        self.trials.changed_all()
-
-    def forget(self, job_id: str) -> None:
-        self.solo_mbt.pop(job_id, None)
-        self.packed_mbt.pop(job_id, None)
-        self.trials.end(job_id)
 
     # ---- packing and judging ------------------------------------------------------------
     def may_pair(self, a: Job, b: Job, memory_gb: float) -> bool:
@@ -240,10 +304,11 @@ class Packing:
                 jobs = cluster.gpus[gpu].jobs
                 if len(jobs) < 2 or cluster.jobs[jobs[-1]].num_gpus != 1:
                     continue
-                dest = free_elsewhere(book, cluster, server, 1, with_jobs=True)
+                mover = cluster.jobs[jobs[-1]]
+                dest = free_elsewhere(book, cluster, server, 1, with_jobs=True,
+                                      may=self.s.may_go(mover, cluster))
                 if dest is None:
                     continue
-                mover = cluster.jobs[jobs[-1]]
                 yield from self._unpack_to(cluster, mover, gpus_on(cluster, dest, 1))
                 book.assign(mover, (dest,))
         self.still_packed(cluster)

@@ -9,9 +9,16 @@ servers, racks kept together.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gandiva.policies.gandiva.book import Book
+from gandiva.policies.gandiva.config import PlacementSettings
 from gandiva.policies.placement import best_fit, pick_in_server
 from gandiva.state import Cluster, Job
+
+Filter = Callable[[Job, int, Cluster], bool]
+Score = Callable[[Job, int, Cluster], float]
+Allowed = Callable[[int], bool] | None  # may a given job go on this server (None: any)
 
 
 def choose_server(
@@ -65,6 +72,7 @@ def gpus_on(cluster: Cluster, server: int, count: int) -> tuple[int, ...]:
 
 def gang_servers(
     job: Job, cluster: Cluster, book: Book, max_height: float, head: bool = False,
+    may: Allowed = None,
 ) -> tuple[int, ...] | None:
     """Whole servers to over-subscribe for a gang wider than a server: the fewest that hold
     it, least loaded first, each kept under ``max_height`` counting the gang as one more
@@ -78,7 +86,8 @@ def gang_servers(
         if height >= max_height or (len(room) >= need and height > book.height(room[-1])):
             break
         node = cluster.nodes[s]
-        if node.up and node.size == size and (book.demand[s] + extra) / size <= max_height:
+        if (node.up and node.size == size and (book.demand[s] + extra) / size <= max_height
+                and (may is None or may(s))):
             room.append(s)
     if len(room) < need:
         return None
@@ -92,14 +101,67 @@ def gang_gpus(job: Job, cluster: Cluster) -> tuple[int, ...] | None:
 
 
 def free_elsewhere(book: Book, cluster: Cluster, server: int, count: int,
-                   with_jobs: bool = False) -> int | None:
+                   with_jobs: bool = False, may: Allowed = None) -> int | None:
     """The first server (by id) other than ``server`` with ``count`` free GPUs and no job
     waiting for them; with ``with_jobs``, only one that has jobs (an empty server is left for
-    a gang)."""
+    a gang); only one that ``may`` allows (``Shared.may_go``)."""
     roomy = sorted(s for have in range(count, cluster.max_free_bucket + 1)
                    for s in cluster.nodes_with_free(have))
     for s in roomy:
         if (s != server and not book.has_waiting(s, cluster)
-                and (book.members[s] or not with_jobs)):
+                and (book.members[s] or not with_jobs) and (may is None or may(s))):
             return s
     return None
+
+
+def allowed_on(cluster: Cluster, gpus: tuple[int, ...] | None, may: Allowed
+               ) -> tuple[int, ...] | None:
+    """``gpus``, if ``may`` allows every server they are on; else None."""
+    if gpus is None or may is None or all(map(may, cluster.servers_of(gpus))):
+        return gpus
+    return None
+
+
+
+
+class Placer:
+    """Algorithm 1 (``choose_server``) with the mechanisms' ``filter`` and ``score`` hooks:
+    with none, Algorithm 1 alone; with some, the servers no filter refuses, the highest total
+    score first, Algorithm 1's order among equals."""
+
+    def __init__(self, settings: PlacementSettings, filters: list[Filter],
+                 scores: list[Score]) -> None:
+        self.max_height = settings.max_height
+        self.oversubscribe = settings.oversubscribe
+        self.filters, self.scores = filters, scores
+
+    def choose(self, job: Job, cluster: Cluster, book: Book, head: bool
+               ) -> tuple[int, bool] | None:
+        """The server for ``job`` and whether it starts there at once (``choose_server``)."""
+        if not self.filters and not self.scores:
+            return choose_server(job, cluster, book, self.max_height, self.oversubscribe, head)
+        return self._hooked(job, cluster, book, head)
+
+    def _hooked(self, job: Job, cluster: Cluster, book: Book, head: bool
+                ) -> tuple[int, bool] | None:
+        """Algorithm 1's groups, by looking at every server: the servers that start the job at
+        once before those it over-subscribes; within each, the highest score first, then
+        Algorithm 1's order (its affinity, empty, other; the lowest height)."""
+        n, extra = job.num_gpus, 1 if head else job.num_gpus
+        best: tuple | None = None
+        for node in cluster.nodes:
+            s = node.id
+            if not node.up or node.size < n or not all(f(job, s, cluster) for f in self.filters):
+                continue
+            free, aff = len(cluster.free_gpus(s)), book.affinity(s)
+            if free >= n:
+                group = 1 if aff is None and free == node.size else 0 if aff == n else 2
+            elif self.oversubscribe and (book.demand[s] + extra) / node.size <= self.max_height:
+                group = 3 if aff == n else 4
+            else:
+                continue
+            key = (group > 2, -sum(score(job, s, cluster) for score in self.scores),
+                   group, book.height(s), s)
+            if best is None or key < best:
+                best = key
+        return None if best is None else (best[-1], not best[0])

@@ -10,26 +10,27 @@ brought back to the next round as soon as anything could change a round's outcom
 but a profile sample with no news for packing, or any action (``Shared.changes`` counts them).
 The rounds skipped are those that would have found the same jobs running and done nothing.
 
-Only where the backend watches no round (``Cluster.skip_quiet_rounds``: the simulator without
-its timeline or a controller), and only where a round's outcome reads nothing else that moves
-with time: ``levels`` order, no queued job (``LasAdmission`` displaces for it by attained
-service), no elastic job, and no job in its first half quantum (it keeps its turn in this
-round and competes in the next). docs/decisions/0013.
+Only where the backend watches no round (``Gandiva.put_off_quiet_rounds``: the simulator
+without its timeline or a controller), and only while no job waits for a place and no
+mechanism's decisions move with time beyond the slice order's levels: the mechanisms vote
+(``time_dependent``; on a profile sample, ``may_change``), and time-slicing says until when
+its rounds stay the same (``steady_until``). docs/decisions/0013.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gandiva import events as E
-from gandiva.policies.gandiva.elastic import Elastic
-from gandiva.policies.gandiva.order import Levels, SliceOrder
-from gandiva.policies.gandiva.packing import Packing
+from gandiva.policies.gandiva.framework import Mechanism, ignores_samples
 from gandiva.policies.gandiva.shared import Shared
 from gandiva.policies.gandiva.timers import TimerKind
-from gandiva.policies.gandiva.timeslice import TimeSlicing
-from gandiva.state import Cluster, JobStatus
+from gandiva.state import Cluster
+
+# after a round on these servers that changed nothing: until when rounds there change nothing
+SteadyUntil = Callable[[Cluster, set[int]], float | None]
 
 
 @dataclass(slots=True)
@@ -40,31 +41,22 @@ class PutOff:
 
 
 class Quiet:
-    def __init__(self, shared: Shared, order: SliceOrder, slicing: TimeSlicing,
-                 packing: Packing, elastic: Elastic) -> None:
+    def __init__(self, shared: Shared, mechanisms: list[Mechanism],
+                 steady_until: SteadyUntil) -> None:
         self.s = shared
-        self.levels = order if isinstance(order, Levels) and slicing.balance else None
-        self.slicing = slicing
-        self.packing = packing
-        self.elastic = elastic
+        self.enabled = False  # (``Gandiva.put_off_quiet_rounds``)
+        self.mechanisms = mechanisms
+        # the votes on a sample of the mechanisms that some samples may change
+        self.voters = [m.may_change for m in mechanisms
+                       if type(m).may_change is not ignores_samples]
+        self.steady_until = steady_until
         self.put_off: PutOff | None = None
-        self.profiled: dict[str, tuple[float | None, float | None]] = {}  # what samples said
         self.servers_put_off = 0  # servers whose round was put off, all told
 
     def news(self, cluster: Cluster, sample: E.ProfileSample) -> bool:
-        """May this sample change what a round does? It may if it can change packing: a
-        first profile alone, a new memory or utilisation, or a sample of a packed job or a
-        trial's."""
-        job = cluster.jobs[sample.job_id]
-        seen = (job.memory_gb, job.utilization)
-        before = self.profiled.get(job.id)
-        self.profiled[job.id] = seen
-        if job.status is not JobStatus.RUNNING:
-            return False  # packing ignores it
-        return before != seen or self.packing.may_act_on(cluster, job)
-
-    def forget(self, job_id: str) -> None:
-        self.profiled.pop(job_id, None)
+        """May this sample change what a round does? Every mechanism that may be changed by
+        one votes (each sees it: a vote may note what it saw)."""
+        return any([vote(cluster, sample) for vote in self.voters])
 
     def at_tick(self, now: float) -> None:
         if self.put_off is not None and self.put_off.until <= now + 1e-9:
@@ -85,29 +77,16 @@ class Quiet:
     def _declare(self, cluster: Cluster, rounded: set[int]) -> None:
         """After a round that changed nothing: put the servers' next round off, if it can be."""
         now, q, timers = cluster.now, self.s.quantum, self.s.timers
-        if (not cluster.skip_quiet_rounds or self.levels is None or len(self.s.waiting)
-                or self.elastic.jobs):
+        if (not self.enabled or len(self.s.waiting)
+                or any(m.time_dependent() for m in self.mechanisms)):
             return
         nxt = self.s.next_round(now)
         servers = set(timers.servers_at(nxt, TimerKind.SLICE))
         if not servers or not servers <= rounded:
             return  # a server joins the next round (an arrival's): it may change what runs
-        slicing = self.slicing
-        if slicing.balance_all:  # every server with jobs takes the round: every homed job
-            jobs = slicing.homed(cluster)
-        else:
-            _, jobs = slicing.group(cluster, slicing.round_of(cluster, servers))
-        last_start = self.s.book.last_start
-        until = math.inf
-        for job in jobs:
-            if job.status is not JobStatus.RUNNING:
-                continue
-            if now - last_start.get(job.id, -math.inf) < q / 2:
-                return  # it kept its turn in this round; in the next it competes
-            attained = job.attained_at(now)
-            limit = self.levels.next_limit(attained)
-            if limit is not None:  # when ``las.level`` will say the next one
-                until = min(until, now + (limit - attained) / len(job.gpus))
+        until = self.steady_until(cluster, servers)
+        if until is None:
+            return
         # the last round before the level changes runs (it changes nothing) and puts off again
         wake = max(nxt, math.floor(until / q) * q) if until < math.inf else math.inf
         if wake <= nxt:

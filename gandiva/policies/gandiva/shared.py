@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from gandiva import actions as A
 from gandiva.policies.gandiva.book import Book, Waiting
 from gandiva.policies.gandiva.timers import Timers
+from gandiva.state import Cluster, Job
 
 T = TypeVar("T")
 # a step of a decision: the job actions it takes, each applied to the state before it goes
@@ -28,8 +29,30 @@ class Shared:
     waiting: Waiting = field(default_factory=Waiting)
     timers: Timers = field(default_factory=Timers)
     changes: int = 0
+    # the mechanisms' ``filter`` hooks: asked wherever a job gets a server, moves included
+    filters: list[Callable[[Job, int, Cluster], bool]] = field(default_factory=list)
+
+    def may_go(self, job: Job, cluster: Cluster) -> Callable[[int], bool] | None:
+        """Which servers ``job`` may go on, by the mechanisms' filters; None where none
+        filters (it may go on any)."""
+        filters = self.filters
+        if not filters:
+            return None
+        return lambda server: all(f(job, server, cluster) for f in filters)
 
     def next_round(self, now: float) -> float:
         """Rounds fall on multiples of the quantum on every server, so that servers shared by
         a gang switch together."""
         return (math.floor(now / self.quantum + 1e-9) + 1) * self.quantum
+
+
+def noting(actions: Decision[T]) -> Decision[tuple[T, bool]]:
+    """Pass on what ``actions`` yields; return its result and whether it yielded any."""
+    acted = False
+    while True:
+        try:
+            action = next(actions)
+        except StopIteration as end:
+            return end.value, acted
+        acted = True
+        yield action

@@ -12,23 +12,25 @@ to waiting jobs of lower levels.
 Gangs wider than a server time-slice too (beyond the paper, which does not say how they share):
 such a gang belongs to whole servers and takes its turn on all of them at once. Rounds fall on
 multiples of the quantum on every server, so servers that share gangs decide together, in one
-slice order: a gang runs when the jobs before it left room enough for it on its servers
-(``gangs.py``), and narrower jobs fill what is left. (Per-server rounds out of step left 43%
-of the GPUs idle while jobs waited, on the Chronus trace: a gang rarely came first on all its
-servers at once.) With ``spare_gangs`` a waiting job takes its turn off the servers of a
-running gang where it can, and with ``idle_to_gangs`` a waiting gang with no room at home
-takes the GPUs the round leaves idle on as many other servers (``rebalance``).
+slice order (docs/decisions/0034): a gang runs when the jobs before it left room enough for it
+on its servers (``gangs.py``), and narrower jobs fill what is left. With ``spare_gangs`` a
+waiting job takes its turn off the servers of a running gang where it can, and with
+``idle_to_gangs`` a waiting gang with no room at home takes the GPUs the round leaves idle on
+as many other servers (``rebalance``).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import chain
 
 from gandiva import actions as A
-from gandiva.policies.gandiva.config import Balance
+from gandiva.policies.gandiva.config import BalanceSettings
+from gandiva.policies.gandiva.framework import Mechanism, ignores_samples
 from gandiva.policies.gandiva.gangs import GangShares
-from gandiva.policies.gandiva.order import SliceOrder, Slot
+from gandiva.policies.gandiva.order import Key, Levels, SliceOrder, Slot
 from gandiva.policies.gandiva.placement import free_elsewhere, gpus_on
 from gandiva.policies.gandiva.shared import Decision, Shared
 from gandiva.state import Cluster, Job, JobStatus
@@ -59,25 +61,76 @@ class Round:
     ordered: list[Slot]
 
 
-class TimeSlicing:
+class TimeSlicing(Mechanism):
+    """The rounds themselves. Their timers (``SLICE``, ``REFILL``) are the policy's own: it
+    runs each instant's due rounds together (``Gandiva._refill``)."""
+
+    may_change = ignores_samples
+
     def __init__(self, shared: Shared, order: SliceOrder, gangs: GangShares,
-                 balance: Balance) -> None:
+                 balance: BalanceSettings) -> None:
         self.s = shared
-        self.order = order
+        self.slice_order = order
         self.gangs = gangs
         self.balance = balance.enabled
         self.balance_all = balance.enabled and balance.servers == "all"
         self.spare_gangs = balance.enabled and balance.spare_gangs
         self.idle_to_gangs = balance.enabled and balance.idle_to_gangs
+        # the order of levels, where a round's outcome moves with time only as levels change
+        self.levels = order if isinstance(order, Levels) and self.balance else None
+        self.before: list[Callable[[Job, float], float]] = []  # the mechanisms' ``order``
+
+    def order_by(self, orders: list[Callable[[Job, float], float]]) -> None:
+        """Put each job, among those of its priority, by the sum of ``orders`` before the
+        slice order's own rule (the mechanisms' ``order`` hooks)."""
+        self.before = orders
+
+    def key(self, now: float, tick: bool) -> Key:
+        """The slice order's sort key at ``now``, with the mechanisms' orders in it."""
+        key = self.slice_order.key(now, tick)
+        if not self.before:
+            return key
+        return lambda s: (k := key(s))[:2] + (s.before,) + k[2:]
+
+    # ---- votes (``quiet.py``) -----------------------------------------------------------
+    def time_dependent(self) -> bool:
+        return self.levels is None or bool(self.before)
+
+    def steady_until(self, cluster: Cluster, servers: set[int]) -> float | None:
+        """After a round on ``servers`` that changed nothing: until when rounds on them would
+        change nothing either, if nothing else changes (inf: for ever); None if the next may.
+        The ``levels`` order reads a job's priority, whether it has run, its attained-service
+        level and arrival: of these only the level of a running job moves with time."""
+        assert self.levels is not None
+        now = cluster.now
+        if self.balance_all:  # every server with jobs takes the round: every homed job
+            jobs = self.homed(cluster)
+        else:
+            _, jobs = self.group(cluster, self.round_of(cluster, servers))
+        last_start, half = self.s.book.last_start, self.s.quantum / 2
+        until = math.inf
+        for job in jobs:
+            if job.status is not JobStatus.RUNNING:
+                continue
+            if now - last_start.get(job.id, -math.inf) < half:
+                return None  # it kept its turn in this round; in the next it competes
+            attained = job.attained_at(now)
+            limit = self.levels.next_limit(attained)
+            if limit is not None:  # when ``las.level`` will say the next one
+                until = min(until, now + (limit - attained) / len(job.gpus))
+        return until
 
     # ---- the jobs of a round ------------------------------------------------------------
     def slots_of(self, cluster: Cluster, jobs: list[Job], now: float) -> list[Slot]:
         """The jobs' slots at ``now``: what a round decides over."""
         home, last_start = self.s.book.home, self.s.book.last_start
-        service = self.order.by_service
+        service = self.slice_order.by_service
         slots = [Slot(j.id, j.priority, j.seq, j.num_gpus, home[j.id], j.gpus,
                       last_start.get(j.id), j.attained_at(now) if service else 0.0, j.memory_gb)
                  for j in jobs]
+        if self.before:
+            for sl, j in zip(slots, jobs, strict=True):
+                sl.before = sum(order(j, now) for order in self.before)
         for sl in slots:
             if sl.gpus and len(sl.home) > 1:
                 sl.share = held(cluster, sl.home, sl.gpus)
@@ -111,9 +164,8 @@ class TimeSlicing:
 
     def by_server(self, jobs: list[Job]) -> list[Job]:
         """``jobs`` in the order ``members`` lists them: by their first server, then in the
-        order they joined it. (The order a round suspends jobs in: the simulator breaks ties
-        between events of one instant by it; on the whole Philly list another order moved
-        mean JCT from 4.66 to 4.73 h.)"""
+        order they joined it: the order a round suspends jobs in, which the simulator breaks
+        ties between events of one instant by (docs/decisions/0034)."""
         members, home = self.s.book.members, self.s.book.home
 
         def place(job: Job) -> tuple[int, int]:
@@ -156,7 +208,7 @@ class TimeSlicing:
                     take(s)
             rest = [s for s in slots if s.id not in keep]
         if not ordered:
-            rest = sorted(rest, key=self.order.key(now, tick))
+            rest = sorted(rest, key=self.key(now, tick))
         chosen: list[Slot] = []
         for s in rest:
             if not open_:
@@ -214,7 +266,13 @@ class TimeSlicing:
             while most and not with_room[most]:
                 most -= 1
 
-        ordered = sorted(self.slots_of(cluster, jobs, now), key=self.order.key(now, True))
+        ordered = sorted(self.slots_of(cluster, jobs, now), key=self.key(now, True))
+        filters = self.s.filters
+        filtered = bool(filters)
+
+        def may(sl: Slot, t: int) -> bool:  # may the slot's job go on server ``t``
+            return all(f(cluster.jobs[sl.id], t, cluster) for f in filters)
+
         # the servers of running gangs (``spare_gangs``), and of all gangs
         ganged: set[int] = set()
         homes: set[int] = set()
@@ -245,7 +303,8 @@ class TimeSlicing:
             if ganged and not sl.gpus and h in ganged:
                 # a waiting job's turn on a running gang's server would stop the whole gang:
                 # it takes its turn on the first server with room that is no gang's home
-                dest = next((t for t in by_id if t not in homes and room[t] >= w), None)
+                dest = next((t for t in by_id if t not in homes and room[t] >= w
+                             and (not filtered or may(sl, t))), None)
                 if dest is not None:
                     take(dest, w)
                     away.append((sl, dest))
@@ -260,7 +319,13 @@ class TimeSlicing:
                     at.setdefault((h, w), []).append(sl)
                 continue
             if w <= most:  # the server with the most room, the first by id of those
-                dest = next(t for t in by_id if room[t] == most)
+                if not filtered:
+                    dest = next(t for t in by_id if room[t] == most)
+                else:  # of those the job may go on
+                    dest = max((t for t in by_id if room[t] >= w and may(sl, t)),
+                               key=room.__getitem__, default=None)
+                    if dest is None:
+                        continue
                 take(dest, w)
                 away.append((sl, dest))
         moved = False
@@ -269,7 +334,8 @@ class TimeSlicing:
                 break
             if most * len(sl.home) < sl.width:
                 continue
-            home = self.idle_home(sl, room, size, homes, by_id)
+            home = self.idle_home(sl, room, size, homes,
+                                  [t for t in by_id if may(sl, t)] if filtered else by_id)
             if home is None:
                 continue
             for t, k in zip(home, sl.share, strict=True):
@@ -281,6 +347,9 @@ class TimeSlicing:
         for sl, dest in away:
             if sl.gpus:  # running: a waiting job run at its home goes to ``dest`` instead
                 stand_ins = at.get((sl.home[0], len(sl.gpus)))
+                if filtered and stand_ins:  # (the last of those that may go there)
+                    fits = [i for i, s in enumerate(stand_ins) if may(s, dest)]
+                    stand_ins = [stand_ins.pop(fits[-1])] if fits else None
                 if not stand_ins:
                     continue  # it is suspended at home this round
                 sl = stand_ins.pop()
@@ -346,7 +415,8 @@ class TimeSlicing:
         for job in stopping:
             elsewhere = None
             if len(home[job.id]) == 1 and top.get(home[job.id][0], job.priority) > job.priority:
-                elsewhere = free_elsewhere(book, cluster, home[job.id][0], job.num_gpus)
+                elsewhere = free_elsewhere(book, cluster, home[job.id][0], job.num_gpus,
+                                           may=self.s.may_go(job, cluster))
             if elsewhere is not None:
                 # a lower-priority job moves away rather than stop, where GPUs are free
                 yield A.Migrate(job.id, gpus_on(cluster, elsewhere, job.num_gpus))
