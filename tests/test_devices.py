@@ -685,7 +685,7 @@ def test_jobs_of_unknown_memory_are_never_paired_on_a_gpu():
     from gandiva.spec import JobSpec
     from gandiva.state import Job
 
-    packing = Packing(Shared(quantum=60.0), config.Packing())
+    packing = Packing(Shared(quantum=60.0), config.PackingSettings())
     a, b = (Job(JobSpec(name, 0.0, 1, "unknown"), seq, 0) for seq, name in enumerate("ab"))
     a.memory_gb = 2.0
     assert not packing.may_pair(a, b, 16.0)  # b's memory unknown: not 0

@@ -1,21 +1,23 @@
 """Policies, by name (``POLICIES``). Each lives in its own module ``gandiva.policies.<module>``
-exposing ``POLICY`` (a dataclass), or ``build`` and ``PRESETS`` (the gandiva policy, whose
-presets are names of their own).
+exposing ``POLICY`` and its parameters as ``Options`` (a pydantic model), or ``build`` and
+``PRESETS`` (the gandiva policy, whose presets are names of their own).
 
 A policy spec names the policy and optionally sets its parameters after colons:
 ``las``, ``fifo:backfill``, ``gandiva:-packing:quantum=30``. ``-flag`` switches a boolean
 parameter off, ``flag`` alone switches it on, ``key=value`` sets any parameter (converted to
-its type). Colons (not commas) separate parameters so that ``--policy fifo,las,gandiva:-packing``
-stays a list. A module with ``PRESETS`` and ``build`` reads its own parameters.
+its type by the policy's model). Colons (not commas) separate parameters so that ``--policy
+fifo,las,gandiva:-packing`` stays a list. One grammar for all (``spec_options``); the gandiva
+policy adds dotted paths into its sections.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import random
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gandiva.scheduler import Policy
 
@@ -69,9 +71,7 @@ def parameters(name: str) -> dict[str, Any]:
     module = _module(name)
     if hasattr(module, "parameters"):
         return module.parameters(name)
-    hidden = ("name", "spec", "rng")
-    return {f.name: f.default for f in dataclasses.fields(module.POLICY)
-            if f.init and not f.name.startswith("_") and f.name not in hidden}
+    return {k: f.default for k, f in module.Options.model_fields.items()}
 
 
 def summary(name: str) -> str:
@@ -79,24 +79,33 @@ def summary(name: str) -> str:
     return (_module(name).__doc__ or "").strip().splitlines()[0]
 
 
-def _convert(name: str, raw: str, kind: Any) -> Any:
-    text = str(kind)
-    try:
-        if "bool" in text:
-            if raw.lower() in ("1", "true", "yes", "on"):
-                return True
-            if raw.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if "tuple" in text:
-            return tuple(float(x) for x in raw.split("/") if x)
-        if "int" in text and "float" not in text:
-            return int(raw)
-        if "float" in text:
-            return float(raw)
-    except ValueError:
-        raise ValueError(f"policy parameter {name!r}: cannot read {raw!r} as {text}") from None
-    return raw
+class Options(BaseModel):
+    """A policy's parameters, as its spec sets them (each policy module subclasses it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def spec_options(options: list[str]) -> list[tuple[list[str], Any]]:
+    """The one grammar of a spec's options: ``a.b=v`` sets ``a.b`` to ``v`` (text, read by the
+    policy's pydantic model), ``a.b`` alone to True, ``-a.b`` to False; ``-`` in a name is
+    ``_``. Each as (its dotted path's keys, value)."""
+    out: list[tuple[list[str], Any]] = []
+    for opt in filter(None, (o.strip() for o in options)):
+        if "=" in opt:
+            path, raw = (x.strip() for x in opt.split("=", 1))
+            value: Any = raw
+        else:
+            path, value = (opt[1:], False) if opt.startswith("-") else (opt, True)
+        out.append((path.replace("-", "_").split("."), value))
+    return out
+
+
+def validation_problems(error: ValidationError) -> str:
+    """A pydantic error as 'field: what is wrong (got what it was given)', one per field."""
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+        + (f" (got {e['input']!r})" if e["loc"] and not isinstance(e["input"], dict) else "")
+        for e in error.errors())
 
 
 def make_policy(spec: str, seed: int = 0) -> Policy:
@@ -107,23 +116,18 @@ def make_policy(spec: str, seed: int = 0) -> Policy:
     module = _module(name)
     if hasattr(module, "build"):
         return module.build(name, list(filter(None, opts)), spec=spec.strip())
-    cls = module.POLICY
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name != "rng"}
-    kwargs: dict[str, Any] = {}
-    for opt in filter(None, opts):
-        if "=" in opt:
-            key, raw = opt.split("=", 1)
-        elif opt.startswith("-"):
-            key, raw = opt[1:], "false"
-        else:
-            key, raw = opt, "true"
-        key = key.strip().replace("-", "_")
-        if key not in fields:
-            raise ValueError(
-                f"policy {name!r} has no parameter {key!r}; it has: {', '.join(sorted(fields))}"
-            )
-        kwargs[key] = _convert(key, raw.strip(), fields[key].type)
-    policy = cls(**kwargs)
+    model: type[Options] = module.Options
+    values: dict[str, Any] = {}
+    for keys, value in spec_options(opts):
+        if len(keys) > 1 or keys[0] not in model.model_fields:
+            raise ValueError(f"policy {name!r} has no parameter {'.'.join(keys)!r}; it has: "
+                             f"{', '.join(sorted(model.model_fields))}")
+        values[keys[0]] = value
+    try:
+        options = model.model_validate(values)
+    except ValidationError as e:
+        raise ValueError(f"policy {name!r}: {validation_problems(e)}") from None
+    policy = module.POLICY(**options.model_dump())
     policy.rng = random.Random(seed)
     policy.spec = spec.strip()
     return policy

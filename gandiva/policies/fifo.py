@@ -11,10 +11,18 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from pydantic import Field
+
 from gandiva import actions as A
 from gandiva import events as E
+from gandiva.policies import Options as PolicyOptions
 from gandiva.policies.placement import best_fit
 from gandiva.state import Cluster
+
+
+class Options(PolicyOptions):
+    backfill: bool = False
+    backfill_depth: int = Field(256, ge=1)
 
 
 @dataclass

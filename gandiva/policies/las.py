@@ -14,11 +14,14 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import Any
 
+from pydantic import Field, field_validator
 from sortedcontainers import SortedList
 
 from gandiva import actions as A
 from gandiva import events as E
+from gandiva.policies import Options as PolicyOptions
 from gandiva.policies.placement import best_fit
 from gandiva.state import Cluster, Job, JobStatus
 
@@ -36,6 +39,16 @@ def level(attained: float, limits: tuple[float, ...] = QUEUE_LIMITS) -> int:
     """The attained-service level of a job with ``attained`` GPU-seconds (0: the first), at
     ``limits``: the rule of this policy and of the gandiva policy's ``levels`` order."""
     return bisect_right(limits, attained + LEVEL_TOLERANCE)
+
+
+class Options(PolicyOptions):
+    queue_limits: tuple[float, ...] = QUEUE_LIMITS  # GPU-seconds; a spec writes 3600/36000
+    max_scan: int = Field(256, ge=1)
+
+    @field_validator("queue_limits", mode="before")
+    @classmethod
+    def _slashes(cls, value: Any) -> Any:
+        return tuple(x for x in value.split("/") if x) if isinstance(value, str) else value
 
 
 @dataclass

@@ -31,8 +31,11 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from pydantic import Field
+
 from gandiva import actions as A
 from gandiva import events as E
+from gandiva.policies import Options as PolicyOptions
 from gandiva.policies.placement import pick, pick_in_server
 from gandiva.state import Cluster, Job, JobStatus
 
@@ -78,6 +81,12 @@ class Book:
             self.demand[node] -= count
         if self.home.pop(job_id, None) is not None:
             self.changes += 1
+
+
+class Options(PolicyOptions):
+    quantum: float = Field(60.0, gt=0)
+    pack: bool = False
+    grow: bool = False
 
 
 @dataclass

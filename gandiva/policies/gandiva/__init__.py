@@ -365,7 +365,16 @@ class Gandiva:
         # fewest servers that hold a width never drop as free GPUs go, so they find none again
         # (a busy stretch of Philly asked 700,000 times for 8-GPU gangs' GPUs)
         no_room: set[int] = set()
+        # no server with free GPUs is free of waiting jobs: a job of one server finds none
+        # to go to, and the first such job ends the step (most calls, on a busy cluster)
+        none_free = not self.s.filters and all(
+            book.has_waiting(s, cluster) for have in range(1, cluster.max_free_bucket + 1)
+            for s in cluster.nodes_with_free(have))
         for src in book.crowded():
+            if not book.has_waiting(src, cluster):
+                continue  # (crowded by packed jobs: most crowded servers, on a busy cluster)
+            if none_free and not book.gangs[src]:  # its waiting jobs are of one server
+                return
             for job in sorted(book.waiting(src, cluster), key=lambda j: j.seq):
                 if len(book.home[job.id]) > 1:
                     # a time-sliced gang moves to whole free servers as soon as there are some
@@ -382,6 +391,7 @@ class Gandiva:
                         continue
                     book.assign(job, tuple(sorted(cluster.servers_of(gpus))))
                     yield self._start(job, gpus, cluster.now)
+                    none_free = False  # the servers it left may have no waiting job now
                     continue
                 may = may_go(job, cluster)
                 dest = free_elsewhere(book, cluster, src, job.num_gpus, may=may)

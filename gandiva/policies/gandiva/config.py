@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from gandiva.policies import spec_options, validation_problems
 from gandiva.policies.gandiva.order import LEAST_STEP, MORE_LEVELS
 
 
@@ -204,16 +205,12 @@ RENAMED = {
 def parse(preset: str, options: list[str]) -> Config:
     """The config of ``preset`` with ``options`` (a spec's parts after the name) over it."""
     values = _copy(PRESETS[preset])
-    for opt in options:  # the preset's values of a section switched off do not apply
-        if opt.startswith("-") and "." not in opt and opt[1:] in values:
-            del values[opt[1:]]
-    for opt in options:
-        if "=" in opt:
-            path, raw = (x.strip() for x in opt.split("=", 1))
-            value: Any = raw
-        else:
-            path, value = (opt[1:], False) if opt.startswith("-") else (opt, True)
-        keys = path.replace("-", "_").split(".")
+    parsed = spec_options(options)
+    for keys, value in parsed:  # the preset's values of a section switched off do not apply
+        if value is False and len(keys) == 1 and keys[0] in values:
+            del values[keys[0]]
+    for keys, value in parsed:
+        path = ".".join(keys)
         if keys[0] in RENAMED:
             raise ValueError(f"policy {preset!r}: {keys[0]!r} is now {RENAMED[keys[0]]!r} "
                              f"(write e.g. {preset}:-packing or {preset}:slices.order=las)")
@@ -230,9 +227,7 @@ def parse(preset: str, options: list[str]) -> Config:
     try:
         return Config.model_validate(values)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}"
-                             for err in e.errors())
-        raise ValueError(f"policy {preset!r}: {problems}") from None
+        raise ValueError(f"policy {preset!r}: {validation_problems(e)}") from None
 
 
 def settings(config: Config) -> dict[str, Any]:

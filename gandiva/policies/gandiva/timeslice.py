@@ -102,9 +102,9 @@ class TimeSlicing(Mechanism):
         The ``levels`` order reads a job's priority, whether it has run, its attained-service
         level and arrival: of these only the level of a running job moves with time."""
         assert self.levels is not None
-        now = cluster.now
-        if self.balance_all:  # every server with jobs takes the round: every homed job
-            jobs = self.homed(cluster)
+        now, home = cluster.now, self.s.book.home
+        if self.balance_all:  # every server with jobs takes the round: every running job
+            jobs = [cluster.jobs[j] for j in cluster.running if j in home]
         else:
             _, jobs = self.group(cluster, self.round_of(cluster, servers))
         last_start, half = self.s.book.last_start, self.s.quantum / 2
@@ -329,10 +329,11 @@ class TimeSlicing(Mechanism):
                 take(dest, w)
                 away.append((sl, dest))
         moved = False
+        idle = sum(room.values()) if unrun else 0
         for sl in unrun:  # the GPUs left idle, in slice order (``idle_to_gangs``)
             if not most:
                 break
-            if most * len(sl.home) < sl.width:
+            if most * len(sl.home) < sl.width or idle < sl.width:
                 continue
             home = self.idle_home(sl, room, size, homes,
                                   [t for t in by_id if may(sl, t)] if filtered else by_id)
@@ -340,6 +341,7 @@ class TimeSlicing(Mechanism):
                 continue
             for t, k in zip(home, sl.share, strict=True):
                 take(t, k)
+            idle -= sum(sl.share)
             book.assign(cluster.jobs[sl.id], home)
             sl.home = home
             moved = True
