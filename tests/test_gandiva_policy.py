@@ -941,13 +941,13 @@ def test_a_job_the_slice_order_runs_off_its_server_goes_where_most_room_is_left(
 
 @pytest.mark.parametrize("spec", ["6x4", "3x4+2x8+3x2"])
 def test_the_quick_test_for_consolidated_room_never_denies_what_best_fit_would_find(spec):
-    """``migration.may_consolidate`` spares ``_lower_height`` a ``best_fit`` for a gang when
+    """``placement.may_consolidate`` spares ``lower_height`` a ``best_fit`` for a gang when
     the fullest servers cannot hold it unspread. On random occupancies of uniform and mixed
     servers it must say True wherever ``best_fit`` finds GPUs that are not spread, and it must
     say False somewhere (else it spares nothing)."""
     import random
 
-    from gandiva.policies.gandiva.migration import is_spread, may_consolidate
+    from gandiva.policies.gandiva.placement import is_spread, may_consolidate
     from gandiva.policies.placement import best_fit
 
     rng, denied = random.Random(7), 0

@@ -33,16 +33,16 @@ from gandiva.policies.gandiva.config import PRESETS, Config, parse, settings
 from gandiva.policies.gandiva.elastic import Elastic
 from gandiva.policies.gandiva.framework import Cycle, Mechanism, overriders, plug_in, plugged
 from gandiva.policies.gandiva.gangs import GangShares
-from gandiva.policies.gandiva.migration import Defrag, Locality, is_spread, may_consolidate
+from gandiva.policies.gandiva.migration import Defrag, Locality
 from gandiva.policies.gandiva.order import Las, Levels, RoundRobin, SliceOrder
 from gandiva.policies.gandiva.packing import Packing
 from gandiva.policies.gandiva.placement import (
     Placer,
     allowed_on,
-    free_elsewhere,
     gang_gpus,
     gang_servers,
     gpus_on,
+    lower_height,
 )
 from gandiva.policies.gandiva.quiet import Quiet
 from gandiva.policies.gandiva.shared import Decision, Shared, noting
@@ -206,14 +206,14 @@ class Gandiva:
             yield from self._refill(cluster, slices, tick=True)
             cycle.rounded = slices  # (with their gangs' servers: rotate adds them)
             if any(True for _ in cluster.nodes_with_free(cluster.max_free_bucket)):
-                yield from self._lower_height(cluster)  # a gang whose turn ended may move
+                yield from lower_height(self.s, cluster)  # a gang whose turn ended may move
         if touched - slices:
             yield from self._refill(cluster, touched - slices, tick=False)
         touched |= slices
         if not isinstance(event, E.Tick):  # time slices move no job between servers
             yield from self._place_waiting(cluster, cycle)
         if isinstance(event, E.Departure | E.Join):  # GPUs became free, or new ones came
-            yield from self._lower_height(cluster)
+            yield from lower_height(self.s, cluster)
         for kind, server in due:
             handle = self._on_timer.get(kind)
             if handle is not None and (yield from handle(cluster, server, cycle)):
@@ -323,7 +323,7 @@ class Gandiva:
                     s.timers.arm(s.next_round(now), TimerKind.SLICE, server)
                 return True
             book.assign(job, tuple(sorted(cluster.servers_of(gpus))))
-            yield self._start(job, gpus, now)
+            yield s.start(job, gpus, now)
             if self.locality is not None:
                 self.locality.placed(cluster, job)
             return True
@@ -338,7 +338,7 @@ class Gandiva:
         book.assign(job, (server,))
         cycle.placed_on.add(server)
         if starts:
-            yield self._start(job, gpus_on(cluster, server, job.num_gpus), now)
+            yield s.start(job, gpus_on(cluster, server, job.num_gpus), now)
             if self.locality is not None:
                 self.locality.placed(cluster, job)
         else:
@@ -349,58 +349,6 @@ class Gandiva:
         """Queue ``job`` for a place: by priority, the mechanisms' ``order``, then ``rank``."""
         self.s.waiting.add(job, rank, sum(order(job, now) for order in self._orders))
 
-    def _start(self, job: Job, gpus: tuple[int, ...], now: float) -> A.JobAction:
-        self.s.book.last_start[job.id] = now
-        if job.status is JobStatus.SUSPENDED:
-            return A.Resume(job.id, gpus)
-        return A.Place(job.id, gpus)
-
-    def _lower_height(self, cluster: Cluster) -> Decision[None]:
-        """Move waiting jobs from the highest servers onto free GPUs of servers with no
-        queue."""
-        book, may_go = self.s.book, self.s.may_go
-        if not cluster.free_count():
-            return  # no free GPU anywhere: nothing can move (and 1,000 servers go unsorted)
-        # gang widths that found no consolidated GPUs: this step only takes GPUs, and the
-        # fewest servers that hold a width never drop as free GPUs go, so they find none again
-        # (a busy stretch of Philly asked 700,000 times for 8-GPU gangs' GPUs)
-        no_room: set[int] = set()
-        # no server with free GPUs is free of waiting jobs: a job of one server finds none
-        # to go to, and the first such job ends the step (most calls, on a busy cluster)
-        none_free = not self.s.filters and all(
-            book.has_waiting(s, cluster) for have in range(1, cluster.max_free_bucket + 1)
-            for s in cluster.nodes_with_free(have))
-        for src in book.crowded():
-            if not book.has_waiting(src, cluster):
-                continue  # (crowded by packed jobs: most crowded servers, on a busy cluster)
-            if none_free and not book.gangs[src]:  # its waiting jobs are of one server
-                return
-            for job in sorted(book.waiting(src, cluster), key=lambda j: j.seq):
-                if len(book.home[job.id]) > 1:
-                    # a time-sliced gang moves to whole free servers as soon as there are some
-                    if job.num_gpus in no_room:
-                        continue
-                    if not may_consolidate(cluster, job.num_gpus):
-                        no_room.add(job.num_gpus)
-                        continue
-                    gpus = gang_gpus(job, cluster)
-                    if gpus is None or is_spread(cluster, job.num_gpus, gpus):
-                        no_room.add(job.num_gpus)
-                        continue
-                    if allowed_on(cluster, gpus, may_go(job, cluster)) is None:
-                        continue
-                    book.assign(job, tuple(sorted(cluster.servers_of(gpus))))
-                    yield self._start(job, gpus, cluster.now)
-                    none_free = False  # the servers it left may have no waiting job now
-                    continue
-                may = may_go(job, cluster)
-                dest = free_elsewhere(book, cluster, src, job.num_gpus, may=may)
-                if dest is None:
-                    if may is None:
-                        return  # no server has room for it: none has for the rest
-                    continue
-                book.assign(job, (dest,))
-                yield self._start(job, gpus_on(cluster, dest, job.num_gpus), cluster.now)
 
 
 def build(name: str, options: list[str], spec: str | None = None) -> Gandiva:

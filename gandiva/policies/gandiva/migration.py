@@ -12,12 +12,11 @@ the job's profiled GPU memory (an upper bound on its checkpoint) with the paper'
 from __future__ import annotations
 
 from collections.abc import Callable
-from math import ceil
 
 from gandiva import actions as A
 from gandiva import events as E
 from gandiva.policies.gandiva.framework import Cycle, Mechanism, ignores_samples
-from gandiva.policies.gandiva.placement import Allowed, allowed_on
+from gandiva.policies.gandiva.placement import Allowed, allowed_on, is_spread
 from gandiva.policies.gandiva.shared import Decision, Shared
 from gandiva.policies.gandiva.timers import TimerKind
 from gandiva.policies.placement import best_fit, pick_in_server
@@ -31,33 +30,6 @@ UNPROFILED_MEMORY_GB = 16.0  # a job not yet profiled is assumed to fill a 16 GB
 def move_cost(job: Job) -> float:
     gb = job.memory_gb if job.memory_gb is not None else UNPROFILED_MEMORY_GB
     return MOVE_FIXED_S + MOVE_PER_MB_S * gb * 1024
-
-
-def is_spread(cluster: Cluster, num_gpus: int, gpus: tuple[int, ...]) -> bool:
-    """Are ``gpus`` on more servers, or sockets, than a job of ``num_gpus`` needs?"""
-    first = cluster.nodes[cluster.gpus[gpus[0]].node]
-    servers = cluster.servers_of(gpus)
-    if len(servers) > ceil(num_gpus / first.size):
-        return True
-    return cluster.splits_sockets(gpus)
-
-
-def may_consolidate(cluster: Cluster, count: int) -> bool:
-    """Could ``best_fit`` find ``count`` free GPUs that are not spread (``is_spread``)? Not if
-    the servers with the most free GPUs, as many as a job of ``count`` may span on the
-    smallest servers, hold fewer than ``count``: ``best_fit`` takes the fullest servers first.
-    (A look at the fullest buckets, where ``best_fit`` sorts whole buckets to pick GPUs that
-    are then found spread: most of the calls for gangs when GPUs free up on a busy cluster.)"""
-    servers, found = ceil(count / cluster.smallest), 0
-    for have in range(cluster.max_free_bucket, 0, -1):
-        for _ in cluster.nodes_with_free(have):
-            found += have
-            if found >= count:
-                return True
-            servers -= 1
-            if not servers:
-                return False
-    return False
 
 
 class Locality(Mechanism):

@@ -4,15 +4,18 @@ For a job that fits in one server, in order: a server of the same affinity with 
 least loaded first; an empty server; any server with free GPUs; over-subscribe a server of the
 same affinity; (ours) over-subscribe any server; else the job queues. "Load" is the server's
 height (GPUs demanded by its jobs over its GPUs). A job larger than a server gets whole free
-servers, racks kept together.
+servers, racks kept together. Reactively, as GPUs free up, waiting jobs move from the highest
+servers onto them (``lower_height``). The mechanisms' filters and scores join in (``Placer``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from math import ceil
 
 from gandiva.policies.gandiva.book import Book
 from gandiva.policies.gandiva.config import PlacementSettings
+from gandiva.policies.gandiva.shared import Decision, Shared
 from gandiva.policies.placement import best_fit, pick_in_server
 from gandiva.state import Cluster, Job
 
@@ -165,3 +168,78 @@ class Placer:
             if best is None or key < best:
                 best = key
         return None if best is None else (best[-1], not best[0])
+
+
+def is_spread(cluster: Cluster, num_gpus: int, gpus: tuple[int, ...]) -> bool:
+    """Are ``gpus`` on more servers, or sockets, than a job of ``num_gpus`` needs?"""
+    first = cluster.nodes[cluster.gpus[gpus[0]].node]
+    servers = cluster.servers_of(gpus)
+    if len(servers) > ceil(num_gpus / first.size):
+        return True
+    return cluster.splits_sockets(gpus)
+
+
+def may_consolidate(cluster: Cluster, count: int) -> bool:
+    """Could ``best_fit`` find ``count`` free GPUs that are not spread (``is_spread``)? Not if
+    the servers with the most free GPUs, as many as a job of ``count`` may span on the
+    smallest servers, hold fewer than ``count``: ``best_fit`` takes the fullest servers first.
+    (A look at the fullest buckets, where ``best_fit`` sorts whole buckets to pick GPUs that
+    are then found spread: most of the calls for gangs when GPUs free up on a busy cluster.)"""
+    servers, found = ceil(count / cluster.smallest), 0
+    for have in range(cluster.max_free_bucket, 0, -1):
+        for _ in cluster.nodes_with_free(have):
+            found += have
+            if found >= count:
+                return True
+            servers -= 1
+            if not servers:
+                return False
+    return False
+
+
+def lower_height(s: Shared, cluster: Cluster) -> Decision[None]:
+    """Move waiting jobs from the highest servers onto free GPUs of servers with no
+    queue."""
+    book, may_go = s.book, s.may_go
+    if not cluster.free_count():
+        return  # no free GPU anywhere: nothing can move (and 1,000 servers go unsorted)
+    # gang widths that found no consolidated GPUs: this step only takes GPUs, and the
+    # fewest servers that hold a width never drop as free GPUs go, so they find none again
+    # (a busy stretch of Philly asked 700,000 times for 8-GPU gangs' GPUs)
+    no_room: set[int] = set()
+    # no server with free GPUs is free of waiting jobs: a job of one server finds none
+    # to go to, and the first such job ends the step (most calls, on a busy cluster)
+    none_free = not s.filters and all(
+        book.has_waiting(s, cluster) for have in range(1, cluster.max_free_bucket + 1)
+        for s in cluster.nodes_with_free(have))
+    for src in book.crowded():
+        if not book.has_waiting(src, cluster):
+            continue  # (crowded by packed jobs: most crowded servers, on a busy cluster)
+        if none_free and not book.gangs[src]:  # its waiting jobs are of one server
+            return
+        for job in sorted(book.waiting(src, cluster), key=lambda j: j.seq):
+            if len(book.home[job.id]) > 1:
+                # a time-sliced gang moves to whole free servers as soon as there are some
+                if job.num_gpus in no_room:
+                    continue
+                if not may_consolidate(cluster, job.num_gpus):
+                    no_room.add(job.num_gpus)
+                    continue
+                gpus = gang_gpus(job, cluster)
+                if gpus is None or is_spread(cluster, job.num_gpus, gpus):
+                    no_room.add(job.num_gpus)
+                    continue
+                if allowed_on(cluster, gpus, may_go(job, cluster)) is None:
+                    continue
+                book.assign(job, tuple(sorted(cluster.servers_of(gpus))))
+                yield s.start(job, gpus, cluster.now)
+                none_free = False  # the servers it left may have no waiting job now
+                continue
+            may = may_go(job, cluster)
+            dest = free_elsewhere(book, cluster, src, job.num_gpus, may=may)
+            if dest is None:
+                if may is None:
+                    return  # no server has room for it: none has for the rest
+                continue
+            book.assign(job, (dest,))
+            yield s.start(job, gpus_on(cluster, dest, job.num_gpus), cluster.now)

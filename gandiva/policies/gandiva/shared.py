@@ -10,7 +10,7 @@ from typing import TypeVar
 from gandiva import actions as A
 from gandiva.policies.gandiva.book import Book, Waiting
 from gandiva.policies.gandiva.timers import Timers
-from gandiva.state import Cluster, Job
+from gandiva.state import Cluster, Job, JobStatus
 
 T = TypeVar("T")
 # a step of a decision: the job actions it takes, each applied to the state before it goes
@@ -39,6 +39,13 @@ class Shared:
         if not filters:
             return None
         return lambda server: all(f(job, server, cluster) for f in filters)
+
+    def start(self, job: Job, gpus: tuple[int, ...], now: float) -> A.JobAction:
+        """Give ``job`` ``gpus`` now: a place, or a resume for a job suspended before."""
+        self.book.last_start[job.id] = now
+        if job.status is JobStatus.SUSPENDED:
+            return A.Resume(job.id, gpus)
+        return A.Place(job.id, gpus)
 
     def next_round(self, now: float) -> float:
         """Rounds fall on multiples of the quantum on every server, so that servers shared by
