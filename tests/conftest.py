@@ -5,8 +5,11 @@ from pathlib import Path
 import pgcluster
 import pytest
 
+from gandiva import actions as A
+from gandiva import events as E
 from gandiva.events import Event
 from gandiva.policies import make_policy
+from gandiva.policies.gandiva.book import Book
 from gandiva.scheduler import Scheduler
 from gandiva.spec import JobSpec, Trace
 from gandiva.state import Cluster
@@ -146,3 +149,34 @@ def os_accounts(root):
     yield make
     for name in made:
         subprocess.run(["userdel", name], capture_output=True)
+
+
+def hand_state(spec: str, placed: dict[str, tuple[int, tuple[int, ...]]], policy=None):
+    """A cluster and book (``policy``'s, if given) with jobs placed by hand:
+    {job: (gpus requested, gpus)}."""
+    c = Cluster.build(spec)
+    book = policy.attach(c) if policy is not None else Book.of(c)
+    for i, (jid, (n, gpus)) in enumerate(placed.items()):
+        c.observe(E.Arrival(i, JobSpec(jid, i, n, "resnet50", duration=1e6)))
+        if gpus:
+            c.apply(A.Place(jid, gpus))
+            book.assign(c.jobs[jid], tuple(sorted(c.servers_of(gpus))))
+    return c, book
+
+
+def arrive(c, jid: str, n: int, t: float = 0.0, **kw):
+    c.observe(E.Arrival(t, JobSpec(jid, t, n, "resnet50", duration=1e6, **kw)))
+    return c.jobs[jid]
+
+
+def carried_out(c, decision) -> list:
+    """The actions of ``decision``, each applied to the state before the next; then its
+    result as the last item."""
+    out = []
+    while True:
+        try:
+            action = next(decision)
+        except StopIteration as end:
+            return [*out, end.value]
+        c.apply(action)
+        out.append(action)

@@ -1,7 +1,7 @@
 """The Gandiva policy's mechanisms, each decided on a small hand-built cluster."""
 
 import pytest
-from conftest import drive, jcts, job
+from conftest import drive, hand_state, jcts, job
 
 from gandiva import actions as A
 from gandiva import events as E
@@ -36,19 +36,6 @@ def servers(cluster: Cluster, action) -> set[int]:
 
 
 # ---- Algorithm 1: affinity placement -------------------------------------------------------
-
-def hand_state(spec: str, placed: dict[str, tuple[int, tuple[int, ...]]], policy=None):
-    """A cluster and book (``policy``'s, if given) with jobs placed by hand:
-    {job: (gpus requested, gpus)}."""
-    c = Cluster.build(spec)
-    book = policy.attach(c) if policy is not None else Book.of(c)
-    for i, (jid, (n, gpus)) in enumerate(placed.items()):
-        c.observe(E.Arrival(i, JobSpec(jid, i, n, "resnet50", duration=1e6)))
-        if gpus:
-            c.apply(A.Place(jid, gpus))
-            book.assign(c.jobs[jid], tuple(sorted(c.servers_of(gpus))))
-    return c, book
-
 
 def newcomer(c: Cluster, n: int) -> object:
     jid = f"new{len(c.jobs)}"
