@@ -127,7 +127,7 @@ def test_a_timer_kind_has_one_owner():
     class Grows(Mechanism):
         timers = {TimerKind.GROW: "grow"}
 
-    with pytest.raises(ValueError, match="timer 'grow' has two owners: Grows"):
+    with pytest.raises(ValueError, match="timer 'grow' has two owners: Elastic and Grows"):
         plugged(Grows())
 
 

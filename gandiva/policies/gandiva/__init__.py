@@ -91,11 +91,13 @@ class Gandiva:
         self._after_round = overriders(ms, "after_round")
         self._after_decision = overriders(ms, "after_decision")
         self._on_timer: dict[TimerKind, Callable[..., Decision[bool]]] = {}
+        owner: dict[TimerKind, Mechanism] = {}
         for m in ms:
             for kind, method in m.timers.items():
-                if kind in self._on_timer:
+                if kind in owner:
                     raise ValueError(f"timer {kind.value!r} has two owners: "
-                                     f"{type(m).__name__} and another mechanism")
+                                     f"{type(owner[kind]).__name__} and {type(m).__name__}")
+                owner[kind] = m
                 self._on_timer[kind] = getattr(m, method)
         s.filters = overriders(ms, "filter")
         self._placer = Placer(c.placement, s.filters, overriders(ms, "score"))

@@ -47,7 +47,7 @@ class Mechanism:
         yield
 
     def acted(self, action: A.JobAction) -> None:
-        """An action of the policy's own, once the state has applied it."""
+        """An action of the policy's own, as it is made (before the state applies it)."""
 
     def forget(self, job_id: str) -> None:
         """The job left the cluster: drop what is kept of it."""
