@@ -12,6 +12,7 @@ from gandiva.policies.gandiva.admission import LasAdmission
 from gandiva.policies.gandiva.book import Book
 from gandiva.policies.gandiva.config import PlacementSettings
 from gandiva.policies.gandiva.placement import Placer, choose_server
+from gandiva.policies.gandiva.shared import Shared
 from gandiva.sim.engine import SimConfig, Simulator
 from gandiva.sim.perf import default_perf_model
 from gandiva.spec import JobSpec
@@ -720,7 +721,8 @@ def test_indexed_placement_chooses_exactly_the_server_algorithm_1_chooses(seed):
                 # the scan the mechanisms' filters and scores take: Algorithm 1 when they
                 # refuse nothing and score every server alike
                 hooked = Placer(PlacementSettings(max_height=height),
-                                [lambda job, s, c: True], [lambda job, s, c: 1.0])
+                                Shared(60.0, filters=[lambda job, s, c: True]),
+                                [lambda job, s, c: 1.0])
                 assert hooked.choose(newcomer(c, n), c, book, head) == want
 
 

@@ -100,7 +100,7 @@ class Gandiva:
                 owner[kind] = m
                 self._on_timer[kind] = getattr(m, method)
         s.filters = overriders(ms, "filter")
-        self._placer = Placer(c.placement, s.filters, overriders(ms, "score"))
+        self._placer = Placer(c.placement, s, overriders(ms, "score"))
         self._orders = overriders(ms, "order")
         self.slicing.order_by(self._orders)
         self.quiet = Quiet(s, ms, self.slicing.steady_until)

@@ -19,7 +19,6 @@ from gandiva.policies.gandiva.shared import Decision, Shared
 from gandiva.policies.placement import best_fit, pick_in_server
 from gandiva.state import Cluster, Job
 
-Filter = Callable[[Job, int, Cluster], bool]
 Score = Callable[[Job, int, Cluster], float]
 Allowed = Callable[[int], bool] | None  # may a given job go on this server (None: any)
 
@@ -132,16 +131,15 @@ class Placer:
     with none, Algorithm 1 alone; with some, the servers no filter refuses, the highest total
     score first, Algorithm 1's order among equals."""
 
-    def __init__(self, settings: PlacementSettings, filters: list[Filter],
-                 scores: list[Score]) -> None:
+    def __init__(self, settings: PlacementSettings, shared: Shared, scores: list[Score]) -> None:
         self.max_height = settings.max_height
         self.oversubscribe = settings.oversubscribe
-        self.filters, self.scores = filters, scores
+        self.s, self.scores = shared, scores
 
     def choose(self, job: Job, cluster: Cluster, book: Book, head: bool
                ) -> tuple[int, bool] | None:
         """The server for ``job`` and whether it starts there at once (``choose_server``)."""
-        if not self.filters and not self.scores:
+        if not self.s.filters and not self.scores:
             return choose_server(job, cluster, book, self.max_height, self.oversubscribe, head)
         return self._hooked(job, cluster, book, head)
 
@@ -151,10 +149,11 @@ class Placer:
         once before those it over-subscribes; within each, the highest score first, then
         Algorithm 1's order (its affinity, empty, other; the lowest height)."""
         n, extra = job.num_gpus, 1 if head else job.num_gpus
+        allows = self.s.allows
         best: tuple | None = None
         for node in cluster.nodes:
             s = node.id
-            if not node.up or node.size < n or not all(f(job, s, cluster) for f in self.filters):
+            if not node.up or node.size < n or not allows(job, s, cluster):
                 continue
             free, aff = len(cluster.free_gpus(s)), book.affinity(s)
             if free >= n:
@@ -210,8 +209,8 @@ def lower_height(s: Shared, cluster: Cluster) -> Decision[None]:
     # no server with free GPUs is free of waiting jobs: a job of one server finds none
     # to go to, and the first such job ends the step (most calls, on a busy cluster)
     none_free = not s.filters and all(
-        book.has_waiting(s, cluster) for have in range(1, cluster.max_free_bucket + 1)
-        for s in cluster.nodes_with_free(have))
+        book.has_waiting(t, cluster) for have in range(1, cluster.max_free_bucket + 1)
+        for t in cluster.nodes_with_free(have))
     for src in book.crowded():
         if not book.has_waiting(src, cluster):
             continue  # (crowded by packed jobs: most crowded servers, on a busy cluster)

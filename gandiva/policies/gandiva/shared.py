@@ -32,13 +32,16 @@ class Shared:
     # the mechanisms' ``filter`` hooks: asked wherever a job gets a server, moves included
     filters: list[Callable[[Job, int, Cluster], bool]] = field(default_factory=list)
 
+    def allows(self, job: Job, server: int, cluster: Cluster) -> bool:
+        """May ``job`` go on ``server``, by every mechanism's filter?"""
+        return all(f(job, server, cluster) for f in self.filters)
+
     def may_go(self, job: Job, cluster: Cluster) -> Callable[[int], bool] | None:
-        """Which servers ``job`` may go on, by the mechanisms' filters; None where none
-        filters (it may go on any)."""
-        filters = self.filters
-        if not filters:
+        """Which servers ``job`` may go on (``allows``); None where no mechanism filters (it
+        may go on any)."""
+        if not self.filters:
             return None
-        return lambda server: all(f(job, server, cluster) for f in filters)
+        return lambda server: self.allows(job, server, cluster)
 
     def start(self, job: Job, gpus: tuple[int, ...], now: float) -> A.JobAction:
         """Give ``job`` ``gpus`` now: a place, or a resume for a job suspended before."""

@@ -267,11 +267,10 @@ class TimeSlicing(Mechanism):
                 most -= 1
 
         ordered = sorted(self.slots_of(cluster, jobs, now), key=self.key(now, True))
-        filters = self.s.filters
-        filtered = bool(filters)
+        filtered, allows = bool(self.s.filters), self.s.allows
 
         def may(sl: Slot, t: int) -> bool:  # may the slot's job go on server ``t``
-            return all(f(cluster.jobs[sl.id], t, cluster) for f in filters)
+            return allows(cluster.jobs[sl.id], t, cluster)
 
         # the servers of running gangs (``spare_gangs``), and of all gangs
         ganged: set[int] = set()
