@@ -1,9 +1,17 @@
-"""``las``: Tiresias-style discretised two-dimensional least-attained-service, with preemption.
+"""``las``: Tiresias' discretised two-dimensional least-attained-service, with preemption and
+consolidated gangs.
 
 Attained service is GPUs x time run (the "2D" of Tiresias, Gu et al., NSDI 2019). Jobs sit in
 priority levels cut at ``queue_limits`` GPU-seconds; within a level, first come first served.
 The GPUs go greedily to the jobs in that order; a running job that falls behind a waiting one
 is preempted (suspended at a mini-batch boundary) to make room.
+
+A gang starts only on the fewest servers that can hold it (one server if it fits in one), as
+Tiresias places the models whose tensors are skewed; until such room is free, or can be made
+by suspending jobs it outranks, it waits and the jobs behind it go ahead. (Tiresias profiles
+skew; this scheduler sees no tensors, and in our performance model 17 of Gavel's 19
+distributed jobs lose 13-78% spread over two servers, so every gang is treated as skewed:
+decision 0035.)
 """
 
 from __future__ import annotations
@@ -13,7 +21,6 @@ import random
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -22,7 +29,7 @@ from sortedcontainers import SortedList
 from gandiva import actions as A
 from gandiva import events as E
 from gandiva.policies import Options as PolicyOptions
-from gandiva.policies.placement import best_fit
+from gandiva.policies.placement import best_fit, pick_in_server
 from gandiva.state import Cluster, Job, JobStatus
 
 Key = tuple[int, float, int, str]  # (level, submit time, arrival seq, job id)
@@ -63,6 +70,9 @@ class Las:
     _waiting: SortedList = field(default_factory=SortedList, repr=False)
     _crossings: list[tuple[float, str]] = field(default_factory=list, repr=False)
     _wake: float = -1.0
+    _biggest: tuple[int, int] = (0, 0)  # (servers seen, GPUs in the biggest of them)
+    _shares: dict[str, tuple[tuple[int, ...], dict[int, int]]] = field(default_factory=dict,
+                                                                       repr=False)
 
     def level(self, attained: float) -> int:
         return level(attained, self.queue_limits)
@@ -88,6 +98,7 @@ class Las:
             self._waiting.add(key)
         elif isinstance(event, E.Departure):  # finished, or cancelled even while waiting
             key = self._key.pop(event.job_id)
+            self._shares.pop(event.job_id, None)
             self._running.discard(key)
             self._waiting.discard(key)
         elif isinstance(event, E.Failure):
@@ -113,9 +124,13 @@ class Las:
             heapq.heappush(self._crossings, (at, job.id))
 
     # ---- decisions ------------------------------------------------------------------------
-    def _start(self, cluster: Cluster, job: Job) -> Iterator[A.Action]:
-        gpus = best_fit(cluster, job.num_gpus)
-        assert gpus is not None, "selection is by GPU count, so a fitting set always exists"
+    def _fewest(self, cluster: Cluster, count: int) -> int:
+        """How many servers a gang of ``count`` spans when consolidated."""
+        if self._biggest[0] != len(cluster.nodes):
+            self._biggest = (len(cluster.nodes), max(n.size for n in cluster.nodes))
+        return -(-count // self._biggest[1])
+
+    def _start(self, cluster: Cluster, job: Job, gpus: tuple[int, ...]) -> Iterator[A.Action]:
         if job.status is JobStatus.SUSPENDED:
             yield A.Resume(job.id, gpus)
         else:
@@ -123,39 +138,145 @@ class Las:
         self._move(job, cluster.now)
 
     def _fill(self, cluster: Cluster) -> Iterator[A.Action]:
-        """No waiting job outranks a running one: hand free GPUs to waiting jobs in order."""
+        """No waiting job outranks a running one: hand free GPUs to waiting jobs in order,
+        each gang only where it is consolidated."""
         free = cluster.free_count()
         i = 0
         while free > 0 and i < min(self.max_scan, len(self._waiting)):
             job = cluster.jobs[self._waiting[i][3]]
-            if job.num_gpus > free:
+            gpus = best_fit(cluster, job.num_gpus) if job.num_gpus <= free else None
+            if gpus is None or len({cluster.gpus[g].node for g in gpus}) > self._fewest(
+                    cluster, job.num_gpus):
                 i += 1
                 continue
             free -= job.num_gpus
-            yield from self._start(cluster, job)
+            yield from self._start(cluster, job, gpus)
 
     def _reorder(self, cluster: Cluster) -> Iterator[A.Action]:
-        """Greedy in LAS order over all jobs; preempt running jobs that fall outside."""
-        capacity = sum(n.size for n in cluster.nodes if n.up)
-        chosen: list[Job] = []
+        """Greedy in LAS order over all jobs, each waiting one placed consolidated in a plan of
+        the cluster; running jobs whose GPUs the plan gives to jobs ahead of them are
+        suspended."""
+        # the running jobs ahead of every waiting one stay where they are: the plan starts
+        # from what they leave
+        behind = list(self._running.islice(self._running.bisect_left(self._waiting[0])))
+        plan = _Plan(cluster, behind, self._shares)
+        starts: list[tuple[Job, list[tuple[int, int]]]] = []
         skipped = 0
-        for key in heapq.merge(self._running, islice(self._waiting, None)):
-            if capacity == 0 or skipped > self.max_scan:
+        for key in heapq.merge(behind, self._waiting):
+            if plan.left == 0 or skipped > self.max_scan:
                 break
             job = cluster.jobs[key[3]]
-            if job.num_gpus <= capacity:
-                chosen.append(job)
-                capacity -= job.num_gpus
-            else:
+            if job.status is JobStatus.RUNNING:
+                plan.keep(job.id)
+                continue
+            where = plan.place(job.num_gpus, self._fewest(cluster, job.num_gpus))
+            if where is None:
                 skipped += 1
-        keep = {j.id for j in chosen}
-        for key in list(self._running):
-            if key[3] not in keep:
+                continue
+            starts.append((job, where))
+        for key in behind:
+            if key[3] in plan.suspended:
                 yield A.Suspend(key[3])
                 self._move(cluster.jobs[key[3]], cluster.now)
-        starting = [j for j in chosen if j.status is not JobStatus.RUNNING]
-        for job in sorted(starting, key=lambda j: -j.num_gpus):
-            yield from self._start(cluster, job)
+        for job, where in sorted(starts, key=lambda s: -s[0].num_gpus):
+            gpus = tuple(g for server, n in where for g in pick_in_server(cluster, server, n))
+            yield from self._start(cluster, job, gpus)
+
+
+class _Plan:
+    """One reordering's view of the cluster: per up server, the GPUs not yet planned for a job
+    (``room``) and those of them free now or freed by the plan (``idle``); the running jobs
+    not yet reached in LAS order (all behind the job being placed), by server. Built from the
+    free GPUs and the running jobs ``behind`` the first waiting one, in LAS order."""
+
+    def __init__(self, cluster: Cluster, behind: list[Key],
+                 shares: dict[str, tuple[tuple[int, ...], dict[int, int]]]) -> None:
+        up = [n.id for n in cluster.nodes if n.up]
+        self.idle = {s: len(cluster.free_gpus(s)) for s in up}
+        self.room = dict(self.idle)
+        self.share: dict[str, dict[int, int]] = {}
+        self.rank: dict[str, int] = {}
+        self.held: dict[int, list[str]] = {s: [] for s in up}  # highest priority first
+        for rank, key in enumerate(behind):
+            jid = key[3]
+            self.rank[jid] = rank
+            self.share[jid] = share = _share(cluster, cluster.jobs[jid], shares)
+            for server, n in share.items():
+                self.held[server].append(jid)
+                self.room[server] += n
+        self.left = sum(self.room.values())
+        self.top = max(self.room.values(), default=0)  # no server has more room
+        self.suspended: set[str] = set()
+
+    def keep(self, jid: str) -> None:
+        """A running job reached in order, not suspended by the plan: it stays where it is."""
+        if jid in self.suspended:
+            return
+        for server, n in self.share[jid].items():
+            self.room[server] -= n
+            self.held[server].remove(jid)
+            self.left -= n
+
+    def victims(self, server: int, need: int) -> list[str]:
+        """The lowest-ranked jobs on ``server`` to suspend for ``need`` idle GPUs there."""
+        have, out = self.idle[server], []
+        for jid in reversed(self.held[server]):
+            if have >= need:
+                break
+            out.append(jid)
+            have += self.share[jid][server]
+        return out
+
+    def cost(self, server: int, need: int) -> tuple[float, int, int, int]:
+        """Taking ``need`` GPUs of ``server``: best with nobody suspended, else with the
+        victims' best rank lowest, then the fewest GPUs suspended; then best fit."""
+        if self.idle[server] >= need:
+            return (-float("inf"), 0, self.idle[server], server)
+        victims = self.victims(server, need)
+        return (-min(self.rank[v] for v in victims),
+                sum(sum(self.share[v].values()) for v in victims), self.room[server], server)
+
+    def place(self, count: int, servers: int) -> list[tuple[int, int]] | None:
+        """Room for a gang of ``count`` on ``servers`` servers (taken in the plan), as
+        (server, GPUs) pairs; None if the plan has no such room."""
+        per = -(-count // servers)
+        if count > self.left or per > self.top:
+            return None
+        where: list[tuple[int, int]] = []
+        left = count
+        while left:
+            need = min(per, left)
+            used = {s for s, _ in where}
+            fits = [s for s, r in self.room.items() if r >= need and s not in used]
+            if not fits:
+                self.top = max(self.room.values())  # (per > top now: fail fast next time)
+                return None
+            where.append((min(fits, key=lambda s: self.cost(s, need)), need))
+            left -= need
+        for server, need in where:
+            for jid in self.victims(server, need):
+                self.suspended.add(jid)
+                for s, n in self.share[jid].items():
+                    self.idle[s] += n
+                    self.held[s].remove(jid)
+            self.idle[server] -= need
+            self.room[server] -= need
+            self.left -= need
+        return where
+
+
+def _share(cluster: Cluster, job: Job,
+           shares: dict[str, tuple[tuple[int, ...], dict[int, int]]]) -> dict[int, int]:
+    """A running job's GPUs per server (remembered while it stays on the same GPUs)."""
+    known = shares.get(job.id)
+    if known is not None and known[0] is job.gpus:
+        return known[1]
+    share: dict[int, int] = {}
+    for g in job.gpus:
+        node = cluster.gpus[g].node
+        share[node] = share.get(node, 0) + 1
+    shares[job.id] = (job.gpus, share)
+    return share
 
 
 POLICY = Las
