@@ -530,6 +530,9 @@ def _sqlite_path(db: str) -> Path | None:
 
 user_app = typer.Typer(help="Manage users and their tokens.", no_args_is_help=True)
 app.add_typer(user_app, name="user")
+team_app = typer.Typer(help="Manage teams: their members, tickets and quotas (admins).",
+                       no_args_is_help=True)
+app.add_typer(team_app, name="team")
 
 
 @user_app.command("add")
@@ -539,6 +542,9 @@ def user_add(
     os_user: Annotated[str | None, typer.Option(
         help="The OS account the user's jobs run as on a server run as root (default: a "
         "uid of the user's own, with no account)")] = None,
+    team: Annotated[str | None, typer.Option(help="The team the user belongs to (gandiva "
+                                             "team add)")] = None,
+    tickets: Annotated[int, typer.Option(help="The user's weight inside their team")] = 1,
     home: Annotated[Path, typer.Option(help="The server's work directory")] = DEFAULT_HOME,
     db: Annotated[str | None, typer.Option(help="Database URL or SQLite path")] = None,
 ) -> None:
@@ -556,7 +562,7 @@ def user_add(
     home.mkdir(parents=True, exist_ok=True)
     store = Store(db or str(home / "gandiva.db"))
     try:
-        token = store.add_user(name, admin=admin, os_user=os_user)
+        token = store.add_user(name, admin=admin, os_user=os_user, team=team, tickets=tickets)
     except StoreError as e:
         raise fail(str(e)) from None
     base = home / "users" / name
@@ -597,7 +603,7 @@ def policies() -> None:
         console.print(f"  [dim]{summary(name)}[/]")
 
 
-cli_jobs.register(app, user_app)  # submit, jobs, show, logs, cancel, ...: a server's client
+cli_jobs.register(app, user_app, team_app)  # submit, jobs, ...: a server's client
 cli_sweeps.register(app)  # metrics, sweep
 
 if __name__ == "__main__":

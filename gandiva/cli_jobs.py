@@ -108,7 +108,7 @@ def run(call: Callable[[], Any]) -> Any:
         raise _fail(str(e)) from None
 
 
-def register(app: typer.Typer, user_app: typer.Typer) -> None:
+def register(app: typer.Typer, user_app: typer.Typer, team_app: typer.Typer) -> None:
     """Add the client commands to the ``gandiva`` command line, and the user commands that
     go through a running server (so a revoked token stops working at once)."""
 
@@ -271,6 +271,65 @@ def register(app: typer.Typer, user_app: typer.Typer) -> None:
             t.add_row(escape(u["name"]), "yes" if u["admin"] else "", runs_as,
                       _when(u["created_at"]),
                       f"revoked {_when(u['revoked_at'])}" if u["revoked_at"] else "active")
+        console.print(t)
+
+    @user_app.command("set")
+    def user_set(name: Annotated[str, typer.Argument(help="User name")],
+                 team: Annotated[str | None, typer.Option(
+                     help="Move the user to this team ('-': to none)")] = None,
+                 tickets: Annotated[int | None, typer.Option(
+                     help="The user's weight inside their team")] = None,
+                 url: Url = None, token: Token = None) -> None:
+        """Move a user to a team or set their tickets in it (admins)."""
+        change: dict[str, Any] = {} if team is None else {"team": None if team == "-" else team}
+        if tickets is not None:
+            change["tickets"] = tickets
+        u = run(lambda: _client(url, token).set_user(name, **change))
+        console.print(f"{escape(u['name'])}: team {escape(u['team'] or '-')}, "
+                      f"{u['tickets']} tickets")
+
+    @team_app.command("add")
+    def team_add(name: Annotated[str, typer.Argument(help="Team name")],
+                 tickets: Annotated[int, typer.Option(
+                     help="The team's weight in the cluster's fair shares")] = 1,
+                 quota_gpus: Annotated[int | None, typer.Option(
+                     help="GPUs the team is guaranteed (default: none)")] = None,
+                 url: Url = None, token: Token = None) -> None:
+        """Create a team (admins)."""
+        t = run(lambda: _client(url, token).add_team(name=name, tickets=tickets,
+                                                      quota_gpus=quota_gpus))
+        console.print(f"team {escape(t['name'])}: {t['tickets']} tickets, quota "
+                      f"{t['quota_gpus'] if t['quota_gpus'] is not None else 'none'}")
+
+    @team_app.command("set")
+    def team_set(name: Annotated[str, typer.Argument(help="Team name")],
+                 tickets: Annotated[int | None, typer.Option(
+                     help="The team's weight in the cluster's fair shares")] = None,
+                 quota_gpus: Annotated[int | None, typer.Option(
+                     help="GPUs the team is guaranteed (-1: none)")] = None,
+                 url: Url = None, token: Token = None) -> None:
+        """Change a team's tickets or quota (admins)."""
+        change: dict[str, Any] = {} if tickets is None else {"tickets": tickets}
+        if quota_gpus is not None:
+            change["quota_gpus"] = None if quota_gpus == -1 else quota_gpus
+        t = run(lambda: _client(url, token).set_team(name, **change))
+        console.print(f"team {escape(t['name'])}: {t['tickets']} tickets, quota "
+                      f"{t['quota_gpus'] if t['quota_gpus'] is not None else 'none'}")
+
+    @team_app.command("list")
+    def team_list(url: Url = None, token: Token = None, as_json: Json = False) -> None:
+        """Every team: tickets, quota and members (admins)."""
+        teams = run(lambda: _client(url, token).teams())
+        if as_json:
+            _print_json(teams)
+            return
+        t = Table(box=None, header_style="bold")
+        for col in ("TEAM", "TICKETS", "QUOTA GPUS", "MEMBERS"):
+            t.add_column(col)
+        for team in teams:
+            t.add_row(escape(team["name"]), str(team["tickets"]),
+                      "-" if team["quota_gpus"] is None else str(team["quota_gpus"]),
+                      escape(", ".join(team["members"])))
         console.print(t)
 
     @user_app.command("revoke")

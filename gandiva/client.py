@@ -164,6 +164,18 @@ class Client:
     def user_action(self, name: str, verb: str) -> dict[str, Any]:
         return self.request("POST", f"/v1/users/{name}/{verb}")
 
+    def set_user(self, name: str, **change: Any) -> dict[str, Any]:
+        return self.request("PATCH", f"/v1/users/{name}", json=change)
+
+    def teams(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/v1/teams")
+
+    def add_team(self, **spec: Any) -> dict[str, Any]:
+        return self.request("POST", "/v1/teams", json=spec)
+
+    def set_team(self, name: str, **change: Any) -> dict[str, Any]:
+        return self.request("PATCH", f"/v1/teams/{name}", json=change)
+
     def job(self, job_id: str) -> dict[str, Any]:
         return self.request("GET", f"/v1/jobs/{job_id}")
 

@@ -37,16 +37,31 @@ from fastapi.responses import (
 from fastapi.routing import APIRoute
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gandiva.backends.nodes import newest_checkpoint
 from gandiva.server import sweep_api
-from gandiva.server.jobspec import MAX_LABELS, JobRequest, JsonInt
+from gandiva.server.confinement import unprocessable
+from gandiva.server.jobspec import (
+    MAX_LABELS,
+    NAME_PATTERN,
+    JobRequest,
+    JsonInt,
+    check_name,
+)
 from gandiva.server.persistence import transient
 from gandiva.server.service import Service
-from gandiva.server.store import EventRow, JobRow, Principal, StoreBusy, StoreError
+from gandiva.server.store import (
+    TICKETS_MAX,
+    EventRow,
+    JobRow,
+    Principal,
+    StoreBusy,
+    StoreError,
+    UnknownTeam,
+)
 from gandiva.server.views import JobView
 from gandiva.spec import TERMINAL
 
@@ -231,6 +246,55 @@ class UserInfo(BaseModel):
     os_user: str | None = Field(None, description="The OS account the user's jobs run as "
                                 "(on a server run as root); none: their dynamic uid")
     uid: int | None = Field(None, description="The user's dynamic uid")
+    team: str | None = Field(None, description="The user's team (none: no team)")
+    tickets: int = Field(1, description="The user's weight inside their team's share")
+
+
+TICKETS = "Weight in the fair shares: twice the tickets, twice the share"
+QUOTA = "GPUs the team is guaranteed (none: no guarantee, its tickets alone)"
+# (pydantic writes a bound on an optional JsonInt as "ge", which JSON Schema does not know)
+MaybeTickets = Annotated[JsonInt | None, WithJsonSchema({"anyOf": [
+    {"type": "integer", "minimum": 1, "maximum": TICKETS_MAX}, {"type": "null"}]})]
+MaybeGpus = Annotated[JsonInt | None, WithJsonSchema({"anyOf": [
+    {"type": "integer", "minimum": 0}, {"type": "null"}]})]
+
+
+class TeamSpec(BaseModel):
+    """A new team (admins)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(json_schema_extra={"pattern": NAME_PATTERN})
+    tickets: JsonInt = Field(1, ge=1, le=TICKETS_MAX, description=TICKETS)
+    quota_gpus: MaybeGpus = Field(None, ge=0, description=QUOTA)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        check_name(value)
+        return value
+
+
+class TeamChange(BaseModel):
+    """What an admin may change of a team; what is left out stays."""
+
+    model_config = ConfigDict(extra="forbid")
+    tickets: MaybeTickets = Field(None, ge=1, le=TICKETS_MAX, description=TICKETS)
+    quota_gpus: MaybeGpus = Field(None, ge=0, description=QUOTA)
+
+
+class UserChange(BaseModel):
+    """An admin moves a user to a team (null: to none) or sets their tickets in it."""
+
+    model_config = ConfigDict(extra="forbid")
+    team: str | None = None
+    tickets: MaybeTickets = Field(None, ge=1, le=TICKETS_MAX, description=TICKETS)
+
+
+class TeamInfo(BaseModel):
+    name: str
+    tickets: int
+    quota_gpus: int | None
+    members: list[str]
 
 
 class NewToken(BaseModel):
@@ -333,7 +397,7 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
 
     def admin(who: Who) -> Principal:
         if not who.admin:
-            raise HTTPException(403, "only an admin may manage users")
+            raise HTTPException(403, "only an admin may manage users and teams")
         return who
 
     Admin = Annotated[Principal, Depends(admin)]
@@ -542,6 +606,42 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
     def users(who: Admin) -> list[UserInfo]:
         """Every user, with whether their token is revoked (admins)."""
         return [UserInfo(**vars(u)) for u in store.users()]
+
+    @app.patch("/v1/users/{name}", responses={**NOT_FOUND, **ADMINS_ONLY, **BAD_BODY})
+    def change_user(name: str, change: UserChange, who: Admin) -> UserInfo:
+        """Move a user to a team (``"team": null``: to none) or set their tickets in it
+        (admins)."""
+        given = change.model_dump(exclude_unset=True)
+        try:
+            return UserInfo(**vars(store.set_user(name, **given)))
+        except UnknownTeam as e:
+            raise unprocessable("team", f"{e}: create it first (gandiva team add)") from None
+        except StoreError as e:
+            raise HTTPException(404, str(e)) from None
+
+    @app.get("/v1/teams", responses=ADMINS_ONLY)
+    def teams(who: Admin) -> list[TeamInfo]:
+        """Every team: its tickets, its quota and its members (admins)."""
+        return [TeamInfo(**vars(t)) for t in store.teams()]
+
+    @app.post("/v1/teams", status_code=201,
+              responses={**ADMINS_ONLY, **BAD_BODY,
+                         409: problem("A team of that name exists")})
+    def add_team(spec: TeamSpec, who: Admin) -> TeamInfo:
+        """Create a team (admins)."""
+        try:
+            return TeamInfo(**vars(store.add_team(spec.name, spec.tickets, spec.quota_gpus)))
+        except StoreError as e:
+            raise HTTPException(409, str(e)) from None
+
+    @app.patch("/v1/teams/{name}",
+               responses={**ADMINS_ONLY, **BAD_BODY, 404: problem("No such team")})
+    def change_team(name: str, change: TeamChange, who: Admin) -> TeamInfo:
+        """Set a team's tickets or its quota (``"quota_gpus": null``: none) (admins)."""
+        try:
+            return TeamInfo(**vars(store.set_team(name, **change.model_dump(exclude_unset=True))))
+        except StoreError as e:
+            raise HTTPException(404, str(e)) from None
 
     @app.post("/v1/users/{name}/revoke", responses={**NOT_FOUND, **ADMINS_ONLY})
     def revoke(name: str, who: Admin) -> UserInfo:

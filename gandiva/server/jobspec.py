@@ -41,6 +41,7 @@ from gandiva.node import torchrun
 
 # matched whole (fullmatch): a "$" would also match before a final newline
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+NAME_PATTERN = f"^{_NAME.pattern}$"  # what check_name accepts, as a schema says it
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # 90, 90s, 90m, 1h30m, 2d12h, 1.5h: a number and unit, repeated (largest unit first)
 _DURATION = re.compile(r"^\s*(?:\d+(?:\.\d+)?[smhd]?|(?:\d+(?:\.\d+)?[dhms])+)\s*$")
@@ -95,7 +96,7 @@ class JobRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     # the document states the forms a user may write, and the rules
-    name: str = Field(json_schema_extra={"pattern": f"^{_NAME.pattern}$"})
+    name: str = Field(json_schema_extra={"pattern": NAME_PATTERN})
     command: Annotated[list[str], WithJsonSchema({"anyOf": [
         {"type": "array", "items": {"type": "string"}, "minItems": 1},
         {"type": "string", "description": "split like a shell would"}]})] = Field(min_length=1)

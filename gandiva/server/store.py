@@ -91,6 +91,18 @@ class Base(DeclarativeBase):
     pass
 
 
+class Team(Base):
+    """A team: its tickets weigh its share of the cluster against other teams'; its quota,
+    if any, is GPUs it is guaranteed."""
+
+    __tablename__ = "teams"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    tickets: Mapped[int] = mapped_column(Integer, default=1)
+    quota_gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
 class User(Base):
     __tablename__ = "users"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -101,6 +113,8 @@ class User(Base):
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     os_user: Mapped[str | None] = mapped_column(String(32), nullable=True)  # its jobs' account
     uid: Mapped[int | None] = mapped_column(Integer, nullable=True, unique=True)  # else this
+    team_id: Mapped[int | None] = mapped_column(ForeignKey("teams.id"), nullable=True)
+    tickets: Mapped[int] = mapped_column(Integer, default=1)  # weight inside its team
 
     def principal(self) -> Principal:
         return Principal(self.id, self.name, self.admin, self.os_user, self.uid)
@@ -192,6 +206,14 @@ class StoreBusy(Exception):
 
 
 @dataclass(frozen=True)
+class TeamView:
+    name: str
+    tickets: int
+    quota_gpus: int | None
+    members: list[str]
+
+
+@dataclass(frozen=True)
 class UserView:
     name: str
     admin: bool
@@ -199,6 +221,28 @@ class UserView:
     revoked_at: float | None
     os_user: str | None = None
     uid: int | None = None
+    team: str | None = None
+    tickets: int = 1
+
+
+class UnknownTeam(StoreError):
+    """A request named a team that does not exist."""
+
+
+UNSET: Any = object()  # (an argument not given, where None means "none")
+TICKETS_MAX = 1_000_000
+
+
+def _tickets(value: int) -> int:
+    if not 1 <= value <= TICKETS_MAX:
+        raise StoreError(f"tickets: {value} is not from 1 to {TICKETS_MAX}")
+    return value
+
+
+def _quota(value: int | None) -> int | None:
+    if value is not None and value < 0:
+        raise StoreError(f"quota_gpus: {value} is negative (none: no quota)")
+    return value
 
 
 @dataclass
@@ -325,7 +369,8 @@ class Store:
             command.upgrade(cfg, "head")
 
     # ---- users --------------------------------------------------------------------------
-    def add_user(self, name: str, admin: bool = False, os_user: str | None = None) -> str:
+    def add_user(self, name: str, admin: bool = False, os_user: str | None = None,
+                 team: str | None = None, tickets: int = 1) -> str:
         """Create ``name`` and return its token (shown once: only its hash is kept). The
         name is a directory's (``users/<name>``): it is checked as a job's name is.
         ``os_user``: the OS account its jobs run as (on a root server); else they run as the
@@ -342,7 +387,8 @@ class Store:
             if s.scalar(select(User).where(User.name == name)) is not None:
                 raise StoreError(f"user {name!r} exists already")
             user = User(name=name, token_hash=_hash(token), admin=admin,
-                        created_at=time.time(), os_user=os_user)
+                        created_at=time.time(), os_user=os_user, tickets=_tickets(tickets),
+                        team_id=None if team is None else self._team(s, team).id)
             s.add(user)
             s.flush()  # its id
             if user.id > len(DYNAMIC_UIDS):
@@ -381,8 +427,71 @@ class Store:
 
     def users(self) -> list[UserView]:
         with Session(self.engine) as s:
-            return [UserView(u.name, u.admin, u.created_at, u.revoked_at, u.os_user, u.uid)
+            teams = {t.id: t.name for t in s.scalars(select(Team))}
+            return [UserView(u.name, u.admin, u.created_at, u.revoked_at, u.os_user, u.uid,
+                             teams.get(u.team_id) if u.team_id is not None else None,
+                             u.tickets)
                     for u in s.scalars(select(User).order_by(User.name))]
+
+    def set_user(self, name: str, team: str | None = UNSET, tickets: int | None = None
+                 ) -> UserView:
+        """Move a user to ``team`` (None: to no team) or give them ``tickets`` in it."""
+        with Session(self.engine) as s, s.begin():
+            user = None if "\x00" in name else s.scalar(select(User).where(User.name == name))
+            if user is None:
+                raise StoreError(f"no user {name!r}")
+            if team is not UNSET:
+                user.team_id = None if team is None else self._team(s, team).id
+            if tickets is not None:
+                user.tickets = _tickets(tickets)
+        return next(u for u in self.users() if u.name == name)
+
+    # ---- teams --------------------------------------------------------------------------
+    @staticmethod
+    def _team(s: Session, name: str) -> Team:
+        team = None if "\x00" in name else s.scalar(select(Team).where(Team.name == name))
+        if team is None:
+            raise UnknownTeam(f"no team {name!r}")
+        return team
+
+    def add_team(self, name: str, tickets: int = 1, quota_gpus: int | None = None) -> TeamView:
+        try:
+            check_name(name)
+        except ValueError as e:
+            raise StoreError(f"team name {name!r}: {e}") from None
+        with Session(self.engine) as s, s.begin():
+            if s.scalar(select(Team).where(Team.name == name)) is not None:
+                raise StoreError(f"team {name!r} exists already")
+            s.add(Team(name=name, tickets=_tickets(tickets), quota_gpus=_quota(quota_gpus),
+                       created_at=time.time()))
+        return self.team(name)
+
+    def set_team(self, name: str, tickets: int | None = None,
+                 quota_gpus: int | None = UNSET) -> TeamView:
+        """Change a team's tickets or its quota (None: no quota)."""
+        with Session(self.engine) as s, s.begin():
+            team = self._team(s, name)
+            if tickets is not None:
+                team.tickets = _tickets(tickets)
+            if quota_gpus is not UNSET:
+                team.quota_gpus = _quota(quota_gpus)
+        return self.team(name)
+
+    def team(self, name: str) -> TeamView:
+        found = [t for t in self.teams() if t.name == name]
+        if not found:
+            raise UnknownTeam(f"no team {name!r}")
+        return found[0]
+
+    def teams(self) -> list[TeamView]:
+        """Every team with its members, by name."""
+        with Session(self.engine) as s:
+            members: dict[int, list[str]] = {}
+            for u in s.scalars(select(User).where(User.team_id.is_not(None))
+                               .order_by(User.name)):
+                members.setdefault(u.team_id, []).append(u.name)
+            return [TeamView(t.name, t.tickets, t.quota_gpus, members.get(t.id, []))
+                    for t in s.scalars(select(Team).order_by(Team.name))]
 
     def _forget(self, user_id: int) -> None:
         """After a revoke or rotate commits: the user's cached tokens go, and no lookup

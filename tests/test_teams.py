@@ -1,0 +1,152 @@
+"""Teams: an admin makes them, gives them tickets and a quota, and moves users into them;
+a member may not; a bad spec is refused naming its field; databases made before teams are
+migrated with every user in no team and one ticket."""
+
+import os
+import subprocess
+import threading
+
+import pytest
+from serving import GANDIVA, add_user, running
+from sqlalchemy import create_engine, text
+
+pytest.importorskip("torch")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from gandiva.backends.driver import Driver  # noqa: E402
+from gandiva.policies import make_policy  # noqa: E402
+from gandiva.server.app import Service, create_app  # noqa: E402
+from gandiva.server.store import Store  # noqa: E402
+
+
+@pytest.fixture
+def api(zygote, tmp_path):
+    store = Store(str(tmp_path / "gandiva.db"))
+    backend = Driver(make_policy("fifo"), tmp_path / "work", slots=1, zygote=zygote)
+    service = Service(store, backend, tmp_path / "base")
+    loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
+    loop.start()
+    tokens = {n: store.add_user(n, admin=(n == "root")) for n in ("ada", "bob", "root")}
+    yield TestClient(create_app(service), raise_server_exceptions=False), tokens
+    backend.stop()
+    loop.join(timeout=30)
+
+
+def auth(token):
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_an_admin_makes_teams_and_moves_users_into_them(api):
+    client, tokens = api
+    root = auth(tokens["root"])
+    r = client.post("/v1/teams", json={"name": "vision", "tickets": 3, "quota_gpus": 8},
+                    headers=root)
+    assert r.status_code == 201, r.text
+    assert r.json() == {"name": "vision", "tickets": 3, "quota_gpus": 8, "members": []}
+    client.post("/v1/teams", json={"name": "speech"}, headers=root)
+    r = client.patch("/v1/users/ada", json={"team": "vision", "tickets": 2}, headers=root)
+    assert r.status_code == 200 and (r.json()["team"], r.json()["tickets"]) == ("vision", 2)
+    client.patch("/v1/users/bob", json={"team": "vision"}, headers=root)
+    teams = {t["name"]: t for t in client.get("/v1/teams", headers=root).json()}
+    assert teams["vision"]["members"] == ["ada", "bob"] and teams["speech"]["members"] == []
+    assert teams["speech"]["tickets"] == 1 and teams["speech"]["quota_gpus"] is None
+    # what a change leaves out stays; null takes the quota away; a user leaves with null
+    r = client.patch("/v1/teams/vision", json={"quota_gpus": None}, headers=root)
+    assert (r.json()["tickets"], r.json()["quota_gpus"]) == (3, None)
+    r = client.patch("/v1/users/bob", json={"team": None}, headers=root)
+    assert r.json()["team"] is None and r.json()["tickets"] == 1
+    users = {u["name"]: u for u in client.get("/v1/users", headers=root).json()}
+    assert users["ada"]["team"] == "vision" and users["bob"]["team"] is None
+
+
+def test_a_member_may_not_manage_teams(api):
+    client, tokens = api
+    ada = auth(tokens["ada"])
+    for method, path, body in (("GET", "/v1/teams", None),
+                               ("POST", "/v1/teams", {"name": "mine"}),
+                               ("PATCH", "/v1/teams/mine", {"tickets": 100}),
+                               ("PATCH", "/v1/users/ada", {"tickets": 100})):
+        r = client.request(method, path, json=body, headers=ada)
+        assert r.status_code == 403, (method, path)
+        assert "admin" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("path,body,field", [
+    ("/v1/teams", {"name": "t", "tickets": 0}, "tickets"),
+    ("/v1/teams", {"name": "t", "tickets": 10**7}, "tickets"),
+    ("/v1/teams", {"name": "t", "quota_gpus": -1}, "quota_gpus"),
+    ("/v1/teams", {"name": "t", "quota_gpus": "eight"}, "quota_gpus"),
+    ("/v1/teams", {"name": "a/../b"}, "name"),
+    ("/v1/teams", {"name": "t", "weight": 2}, "weight"),
+])
+def test_a_bad_team_spec_is_refused_naming_its_field(api, path, body, field):
+    client, tokens = api
+    r = client.post(path, json=body, headers=auth(tokens["root"]))
+    assert r.status_code == 422, r.text
+    assert any(e["loc"][:2] == ["body", field] for e in r.json()["detail"]), r.json()
+
+
+def test_unknown_names_and_a_second_team_of_a_name_are_refused(api):
+    client, tokens = api
+    root = auth(tokens["root"])
+    assert client.post("/v1/teams", json={"name": "nlp"}, headers=root).status_code == 201
+    r = client.post("/v1/teams", json={"name": "nlp"}, headers=root)
+    assert r.status_code == 409 and "exists" in r.json()["detail"]
+    r = client.patch("/v1/users/ada", json={"team": "nope"}, headers=root)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "team"]
+    assert "team add" in r.json()["detail"][0]["msg"]
+    assert client.patch("/v1/teams/nope", json={"tickets": 2}, headers=root).status_code == 404
+    assert client.patch("/v1/users/nobody", json={"tickets": 2},
+                        headers=root).status_code == 404
+    assert client.get("/v1/teams", headers=root).json()[0]["members"] == []
+
+
+def test_a_database_made_before_teams_is_migrated_users_in_no_team(db_url):
+    from alembic import command
+    from alembic.config import Config
+
+    from gandiva.server import store as store_module
+
+    cfg = Config()
+    cfg.set_main_option("script_location", os.path.join(os.path.dirname(
+        store_module.__file__), "migrations"))
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0005")
+        conn.execute(text("INSERT INTO users (name, token_hash, admin, created_at, uid) "
+                          "VALUES ('old', 'h', false, 0, 61184)"))
+    engine.dispose()
+    store = Store(db_url)
+    old = next(u for u in store.users() if u.name == "old")
+    assert (old.team, old.tickets) == (None, 1)
+    store.add_team("vision")
+    assert store.set_user("old", team="vision").team == "vision"
+
+
+def test_the_cli_makes_a_team_and_adds_a_user_to_it(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    root = add_user(home, "root", admin=True)
+    with running(home, users=("ada",)) as server:
+        cli = [*GANDIVA]
+        env = {**os.environ, "GANDIVA_URL": server.url, "GANDIVA_TOKEN": root}
+
+        def gandiva(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([*cli, *args], env=env, capture_output=True, text=True)
+
+        assert gandiva("team", "add", "vision", "--tickets", "3",
+                       "--quota-gpus", "4").returncode == 0
+        made = subprocess.run([*GANDIVA, "user", "add", "cy", "--home", str(home),
+                               "--team", "vision", "--tickets", "2"],
+                              capture_output=True, text=True)
+        assert made.returncode == 0, made.stderr
+        assert gandiva("user", "set", "ada", "--team", "vision").returncode == 0
+        listed = gandiva("team", "list")
+        assert listed.returncode == 0
+        assert "vision" in listed.stdout and "ada, cy" in listed.stdout
+        bad = gandiva("team", "set", "vision", "--tickets", "0")
+        assert bad.returncode == 2 and "tickets" in bad.stderr + bad.stdout
+        missing = subprocess.run([*GANDIVA, "user", "add", "dee", "--home", str(home),
+                                  "--team", "nope"], capture_output=True, text=True)
+        assert missing.returncode != 0 and "no team 'nope'" in missing.stderr + missing.stdout
