@@ -196,6 +196,7 @@ class Gandiva:
             for server in book.home.get(job.id, ()):
                 timers.arm(cluster.now, TimerKind.REFILL, server)
         elif isinstance(event, E.ProfileSample | E.OutOfMemory):
+            yield from timers.wake()  # (a packed job that left its mate waits for a round)
             return  # news for the mechanisms alone (``observe``)
 
         due = []

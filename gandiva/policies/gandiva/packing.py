@@ -244,7 +244,15 @@ class Packing(Mechanism):
             self.gains.append(sum(rates))
             if sum(rates) <= 1.0 + self.min_gain:  # no better than time-slicing
                 self.bad_pairs.add(frozenset((guest_id, host_id)))
-                yield A.Unpack(guest_id)
+                yield from self._part(cluster, guest)
+
+    def _part(self, cluster: Cluster, guest: Job) -> Decision[None]:
+        """The guest leaves its GPU-mate to wait for its turn: its servers take a round at
+        the next quantum (none was armed: it had been seated)."""
+        yield A.Unpack(guest.id)
+        servers = self.s.book.home.get(guest.id, ())
+        if servers:
+            self.s.timers.arm(self.s.next_round(cluster.now), TimerKind.SLICE, *servers)
 
     def out_of_memory(self, cluster: Cluster, job: Job) -> Decision[None]:
         """``job`` outgrew its share of a GPU it shares: it never pairs with its GPU-mates
@@ -256,7 +264,7 @@ class Packing(Mechanism):
                 if mate != job.id:
                     self.bad_pairs.add(frozenset((job.id, mate)))
         self.trials.end(job.id)
-        yield A.Unpack(job.id)
+        yield from self._part(cluster, job)
 
     # ---- spreading out ------------------------------------------------------------------
     def spread_out(self, cluster: Cluster, server: int) -> Decision[None]:
