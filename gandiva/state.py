@@ -17,6 +17,7 @@ from sortedcontainers import SortedList
 
 from gandiva import actions as A
 from gandiva import events as E
+from gandiva.shares import Shares
 from gandiva.spec import JobSpec
 
 GPU_MEMORY_GB = {"V100": 16.0, "P100": 16.0, "P40": 24.0, "K80": 12.0, "T4": 16.0, "A100": 40.0}
@@ -132,6 +133,7 @@ class Cluster:
         self.smallest = min(n.size for n in nodes)  # GPUs of the smallest server
         self._free_total = len(gpus)  # free GPUs on up servers
         self._down_gpus = 0
+        self.shares = Shares()  # teams' and users' tickets: the backend's to set
 
     # ---- construction -------------------------------------------------------------------
     def driven_by(self, *, confirms: bool = False, watched: bool = False) -> None:

@@ -5,6 +5,7 @@ what it is refused, and, for every tunable, a small simulated run in which two o
 import sys
 
 import pytest
+import test_fair as fair_tests
 import test_framework as framework_tests
 import test_gandiva_policy as policy_tests
 from conftest import jcts, job
@@ -335,6 +336,8 @@ DECIDES = {
         HERE, "test_elastic_grows_a_job_into_idle_gpus_and_shrinks_it_for_new_work"),
     "elastic.grow_idle_s": (
         HERE, "test_elastic_grow_idle_s_is_how_long_gpus_stay_idle_before_a_grow"),
+    "fair.enabled": (fair_tests, "test_a_user_who_comes_second_gets_a_share_at_once_not_after_"
+                                 "the_first_users_jobs"),
 }
 
 

@@ -27,7 +27,7 @@ def api(zygote, tmp_path):
     loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
     loop.start()
     tokens = {n: store.add_user(n, admin=(n == "root")) for n in ("ada", "bob", "root")}
-    yield TestClient(create_app(service), raise_server_exceptions=False), tokens
+    yield TestClient(create_app(service), raise_server_exceptions=False), tokens, service
     backend.stop()
     loop.join(timeout=30)
 
@@ -37,7 +37,7 @@ def auth(token):
 
 
 def test_an_admin_makes_teams_and_moves_users_into_them(api):
-    client, tokens = api
+    client, tokens, service = api
     root = auth(tokens["root"])
     r = client.post("/v1/teams", json={"name": "vision", "tickets": 3, "quota_gpus": 8},
                     headers=root)
@@ -59,8 +59,20 @@ def test_an_admin_makes_teams_and_moves_users_into_them(api):
     assert users["ada"]["team"] == "vision" and users["bob"]["team"] is None
 
 
+def test_the_scheduler_sees_each_change_of_tickets_at_once(api):
+    client, tokens, service = api
+    root = auth(tokens["root"])
+    client.post("/v1/teams", json={"name": "vision", "tickets": 3}, headers=root)
+    client.patch("/v1/users/ada", json={"team": "vision", "tickets": 2}, headers=root)
+    shares = service.backend.cluster.shares
+    assert shares.of("ada") == ("vision", 3.0, 2.0)
+    assert shares.of("bob") == ("bob", 1.0, 1.0)  # in no team: a team of its own
+    client.patch("/v1/teams/vision", json={"tickets": 5}, headers=root)
+    assert service.backend.cluster.shares.of("ada") == ("vision", 5.0, 2.0)
+
+
 def test_a_member_may_not_manage_teams(api):
-    client, tokens = api
+    client, tokens, service = api
     ada = auth(tokens["ada"])
     for method, path, body in (("GET", "/v1/teams", None),
                                ("POST", "/v1/teams", {"name": "mine"}),
@@ -80,14 +92,14 @@ def test_a_member_may_not_manage_teams(api):
     ("/v1/teams", {"name": "t", "weight": 2}, "weight"),
 ])
 def test_a_bad_team_spec_is_refused_naming_its_field(api, path, body, field):
-    client, tokens = api
+    client, tokens, service = api
     r = client.post(path, json=body, headers=auth(tokens["root"]))
     assert r.status_code == 422, r.text
     assert any(e["loc"][:2] == ["body", field] for e in r.json()["detail"]), r.json()
 
 
 def test_unknown_names_and_a_second_team_of_a_name_are_refused(api):
-    client, tokens = api
+    client, tokens, service = api
     root = auth(tokens["root"])
     assert client.post("/v1/teams", json={"name": "nlp"}, headers=root).status_code == 201
     r = client.post("/v1/teams", json={"name": "nlp"}, headers=root)

@@ -613,7 +613,9 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
         (admins)."""
         given = change.model_dump(exclude_unset=True)
         try:
-            return UserInfo(**vars(store.set_user(name, **given)))
+            user = UserInfo(**vars(store.set_user(name, **given)))
+            service.refresh_shares()
+            return user
         except UnknownTeam as e:
             raise unprocessable("team", f"{e}: create it first (gandiva team add)") from None
         except StoreError as e:
@@ -630,7 +632,9 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
     def add_team(spec: TeamSpec, who: Admin) -> TeamInfo:
         """Create a team (admins)."""
         try:
-            return TeamInfo(**vars(store.add_team(spec.name, spec.tickets, spec.quota_gpus)))
+            team = TeamInfo(**vars(store.add_team(spec.name, spec.tickets, spec.quota_gpus)))
+            service.refresh_shares()
+            return team
         except StoreError as e:
             raise HTTPException(409, str(e)) from None
 
@@ -639,7 +643,9 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
     def change_team(name: str, change: TeamChange, who: Admin) -> TeamInfo:
         """Set a team's tickets or its quota (``"quota_gpus": null``: none) (admins)."""
         try:
-            return TeamInfo(**vars(store.set_team(name, **change.model_dump(exclude_unset=True))))
+            team = TeamInfo(**vars(store.set_team(name, **change.model_dump(exclude_unset=True))))
+            service.refresh_shares()
+            return team
         except StoreError as e:
             raise HTTPException(404, str(e)) from None
 

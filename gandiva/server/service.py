@@ -96,6 +96,12 @@ class Service:
         backend.on_change = self._changed
         backend.on_flush = self.journal.hand_over
         backend.on_points = self._points
+        self.refresh_shares()
+
+    def refresh_shares(self) -> None:
+        """Teams' and users' tickets, as stored, for the policy's fair shares. (One immutable
+        object swapped in: the loop reads whichever it finds at its next event.)"""
+        self.backend.cluster.shares = self.store.shares()
 
     def user_dir(self, who: Principal) -> Path:
         return self.confinement.user_dir(who)
@@ -139,7 +145,8 @@ class Service:
 
     def _queue(self, job: Accepted, held: bool = False) -> None:
         self.views.own(job.row.id, job.owner.id, job.row.name)
-        self.backend.submit(*to_scheduler(job.row.id, job.request, job.cwd, job.account),
+        self.backend.submit(*to_scheduler(job.row.id, job.request, job.cwd, job.account,
+                                          user=job.owner.name),
                             time_limit=job.request.time_limit, held=held)
 
     # ---- what users ask of a job ------------------------------------------------------------

@@ -54,6 +54,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from gandiva.node.accounts import DYNAMIC_UIDS
 from gandiva.server.jobspec import JobRequest, check_name
+from gandiva.shares import Shares
 from gandiva.spec import TERMINAL, JobState
 
 CONNECT_TIMEOUT_S = 5  # a PostgreSQL that does not take a new connection in this long is away
@@ -476,6 +477,15 @@ class Store:
             if quota_gpus is not UNSET:
                 team.quota_gpus = _quota(quota_gpus)
         return self.team(name)
+
+    def shares(self) -> Shares:
+        """Teams' tickets and each user's team and tickets, for the policy; a user in no
+        team is a team of its own."""
+        with Session(self.engine) as s:
+            teams = {t.id: (t.name, float(t.tickets)) for t in s.scalars(select(Team))}
+            users = {u.name: (teams[u.team_id][0], float(u.tickets))
+                     for u in s.scalars(select(User)) if u.team_id in teams}
+        return Shares(dict(teams.values()), users)
 
     def team(self, name: str) -> TeamView:
         found = [t for t in self.teams() if t.name == name]

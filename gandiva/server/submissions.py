@@ -28,8 +28,8 @@ from gandiva.sweep.spec import SweepSpec
 MAX_UNFINISHED_PER_USER = 10_000  # a user's jobs not yet done, failed or cancelled
 
 
-def to_scheduler(job_id: str, req: JobRequest, cwd: Path, account: Account | None = None
-                 ) -> tuple[JobSpec, Launch]:
+def to_scheduler(job_id: str, req: JobRequest, cwd: Path, account: Account | None = None,
+                 user: str = "default") -> tuple[JobSpec, Launch]:
     """The scheduler's view (JobSpec) and the agent's (Launch) of a request.
 
     Decision: ``python``/``python3`` as the program means the server's own interpreter, so a
@@ -38,7 +38,7 @@ def to_scheduler(job_id: str, req: JobRequest, cwd: Path, account: Account | Non
     command = list(req.command)
     if command[0] in ("python", "python3"):
         command[0] = "{python}"
-    spec = JobSpec(job_id, 0.0, req.gpus, req.model, priority=req.priority,
+    spec = JobSpec(job_id, 0.0, req.gpus, req.model, user=user, priority=req.priority,
                    min_gpus=req.elastic.min if req.elastic else None,
                    max_gpus=req.elastic.max if req.elastic else None)
     return spec, Launch(command, cwd=cwd, env=dict(req.env), account=account)

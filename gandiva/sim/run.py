@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gandiva.policies import make_policy
+from gandiva.shares import Shares
 from gandiva.sim.engine import SimConfig, SimResult, Simulator
 from gandiva.spec import Trace
 from gandiva.state import Cluster
@@ -21,10 +22,15 @@ def simulate(
     seed: int = 0,
     config: SimConfig | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    shares: Shares | None = None,
 ) -> SimResult:
+    """Run ``trace`` under ``policy``; ``shares``: teams' and users' tickets (default: each
+    user a team of its own, one ticket)."""
     config = config or SimConfig(seed=seed, timeline=len(trace.jobs) <= TIMELINE_MAX_JOBS)
+    state = Cluster.build(cluster, gpu_type)
+    state.shares = shares or Shares()
     sim = Simulator(
-        Cluster.build(cluster, gpu_type),
+        state,
         make_policy(policy, seed),
         trace.jobs,
         reference_gpu=trace.reference_gpu,

@@ -31,6 +31,7 @@ from gandiva.policies.gandiva.admission import Admission, LasAdmission, Queue
 from gandiva.policies.gandiva.book import Book, Waiting
 from gandiva.policies.gandiva.config import PRESETS, Config, parse, settings
 from gandiva.policies.gandiva.elastic import Elastic
+from gandiva.policies.gandiva.fair import FairShare
 from gandiva.policies.gandiva.framework import Cycle, Mechanism, overriders, plug_in, plugged
 from gandiva.policies.gandiva.gangs import GangShares
 from gandiva.policies.gandiva.migration import Defrag, Locality
@@ -78,11 +79,13 @@ class Gandiva:
                          self._send_back) if c.admission.rule == "las" else Queue())
         self.defrag = (Defrag(s, c.defrag.interval, c.defrag.max_move_s,
                               c.placement.scan_depth) if c.defrag.enabled else None)
+        self.fair = FairShare() if c.fair.enabled else None
         # the order hooks run in: some hooks' order decides (room is made by shrinking an
         # elastic job before displacing one; spreading is armed before locality moves)
         self.mechanisms: list[Mechanism] = [
             m for m in (self.slicing, self.packing, self.locality, self.elastic,
-                        self.admission, self.defrag, *plugged(c.plugins, s), *plugins)
+                        self.admission, self.defrag, self.fair, *plugged(c.plugins, s),
+                        *plugins)
             if m is not None]
         ms = self.mechanisms
         self._observe, self._acted = overriders(ms, "observe"), overriders(ms, "acted")

@@ -157,6 +157,12 @@ class ElasticSettings(Section):
         return {} if self.enabled else {"grow_idle_s": "elastic is on"}
 
 
+class FairSettings(Section):
+    """Fair shares by tickets: team, then user, then job (``fair.py``)."""
+
+    enabled: bool = False
+
+
 class Config(Section):
     quantum: float = Field(60.0, gt=0)  # the paper's suspend/resume quantum (seconds)
     # mechanisms from outside the package, by their registered names (``framework.plug_in``);
@@ -171,6 +177,7 @@ class Config(Section):
     migration: MigrationSettings = MigrationSettings()
     defrag: DefragSettings = DefragSettings()
     elastic: ElasticSettings = ElasticSettings()
+    fair: FairSettings = FairSettings()
 
     @field_validator("plugins", mode="before")
     @classmethod
@@ -185,7 +192,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                       "admission": {"rule": "queue"}, "gangs": {"share": "whole"},
                       "packing": {"spread": False}},
 }
-SWITCHED = ("balance", "packing", "migration", "defrag", "elastic")  # sections with ``enabled``
+# sections with ``enabled``
+SWITCHED = ("balance", "packing", "migration", "defrag", "elastic", "fair")
 
 # the flat names of earlier specs, for an error that names the new spelling
 RENAMED = {

@@ -1,0 +1,115 @@
+"""Fair shares by tickets: Gandiva_fair's split stride scheduling (Chaudhary et al., EuroSys
+2020) as a slice order.
+
+Each team has a pass: the GPU-seconds its jobs received over its tickets; each user one inside
+its team. Among jobs of one priority, the team with the lowest pass goes first, then within it
+the user with the lowest, then the slice order's own rule (levels) between one user's jobs. A
+team (or user) that had no job in the cluster joins at the lowest pass of those that have one
+(stride scheduling's rule): time away is not saved up to spend later. A packed GPU charges
+each of its jobs half; a suspended job charges nothing. Tickets come from ``Cluster.shares``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable
+
+from gandiva import events as E
+from gandiva.policies.gandiva.framework import Cycle, Mechanism, ignores_samples
+from gandiva.policies.gandiva.shared import Decision
+from gandiva.shares import Shares
+from gandiva.state import Cluster, Job
+
+# the user's pass is added at this weight to the team's: one number, ordered team first (a
+# user pass of a million GPU-hours moves the sum by under 4 GPU-seconds of team pass)
+USER_WEIGHT = 1e-9
+
+
+class FairShare(Mechanism):
+    may_change = ignores_samples
+
+    def __init__(self) -> None:
+        self.shares = Shares()
+        self.used: dict[str, float] = {}  # team -> GPU-seconds received
+        self.user_used: dict[str, float] = {}  # user -> GPU-seconds received
+        self.jobs: Counter[str] = Counter()  # team -> its jobs in the cluster
+        self.user_jobs: Counter[str] = Counter()
+        self.owner: dict[str, tuple[str, str]] = {}  # job -> (team, user)
+        self.holding: dict[str, float] = {}  # team -> GPUs held since ``since``
+        self.user_holding: dict[str, float] = {}
+        self.since = 0.0
+
+    def observe(self, cluster: Cluster, event: E.Event, cycle: Cycle) -> Decision[None]:
+        self._note(cluster, event)
+        return
+        yield
+
+    def _note(self, cluster: Cluster, event: E.Event) -> None:
+        self.shares = cluster.shares
+        self._charge(cluster.now)
+        if isinstance(event, E.Arrival):
+            user = event.job.user
+            team = self.shares.of(user)[0]
+            self.owner[event.job.id] = (team, user)
+            if not self.jobs[team]:
+                self._join(self.used, team, self._team_tickets, self.jobs)
+            if not self.user_jobs[user]:
+                peers = Counter({u: n for u, n in self.user_jobs.items()
+                                 if n and self.shares.of(u)[0] == team})
+                self._join(self.user_used, user, self._user_tickets, peers)
+            self.jobs[team] += 1
+            self.user_jobs[user] += 1
+
+    def forget(self, job_id: str) -> None:
+        team, user = self.owner.pop(job_id, ("", ""))
+        if team:
+            self.jobs[team] -= 1
+            self.user_jobs[user] -= 1
+
+    def after_decision(self, cluster: Cluster, cycle: Cycle) -> Decision[None]:
+        """What each team and user holds until the next event (charged then)."""
+        self._hold(cluster)
+        return
+        yield
+
+    def _hold(self, cluster: Cluster) -> None:
+        holding: dict[str, float] = defaultdict(float)
+        user_holding: dict[str, float] = defaultdict(float)
+        for jid in cluster.running:
+            team, user = self.owner.get(jid, ("", ""))
+            gpus = sum(1.0 / len(cluster.gpus[g].jobs) for g in cluster.jobs[jid].gpus)
+            holding[team] += gpus
+            user_holding[user] += gpus
+        self.holding, self.user_holding = dict(holding), dict(user_holding)
+
+    def order(self, job: Job, now: float) -> float:
+        team, user = self.owner.get(job.id, (self.shares.of(job.spec.user)[0], job.spec.user))
+        dt = now - self.since
+        team_pass = (self.used.get(team, 0.0) + self.holding.get(team, 0.0) * dt) \
+            / self._team_tickets(team)
+        user_pass = (self.user_used.get(user, 0.0) + self.user_holding.get(user, 0.0) * dt) \
+            / self._user_tickets(user)
+        return team_pass + USER_WEIGHT * user_pass
+
+    def _charge(self, now: float) -> None:
+        dt = now - self.since
+        if dt > 0:
+            for team, gpus in self.holding.items():
+                self.used[team] = self.used.get(team, 0.0) + gpus * dt
+            for user, gpus in self.user_holding.items():
+                self.user_used[user] = self.user_used.get(user, 0.0) + gpus * dt
+        self.since = now
+
+    @staticmethod
+    def _join(used: dict[str, float], who: str, tickets: Callable[[str], float],
+              active: Counter[str]) -> None:
+        """``who`` comes back: its pass is at least the lowest of those with jobs."""
+        passes = [used.get(k, 0.0) / tickets(k) for k, n in active.items() if n and k != who]
+        if passes:
+            used[who] = max(used.get(who, 0.0), min(passes) * tickets(who))
+
+    def _team_tickets(self, team: str) -> float:
+        return self.shares.teams.get(team, 1.0)
+
+    def _user_tickets(self, user: str) -> float:
+        return self.shares.of(user)[2]

@@ -1,0 +1,66 @@
+"""Who is owed what: teams' tickets, users' teams and tickets, and water-filling by tickets.
+
+Pure data and arithmetic, read by the policy (``policies/gandiva/fair.py``) and by the
+metrics (``fairness.py``). The server fills a ``Shares`` from its teams table; the simulator
+from a stated map (``benchmarks/fair_share.py``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Shares:
+    """Teams' tickets, and each user's team and tickets inside it. A user with no entry is a
+    team of its own with one ticket."""
+
+    teams: Mapping[str, float] = field(default_factory=dict)
+    users: Mapping[str, tuple[str, float]] = field(default_factory=dict)
+
+    def of(self, user: str) -> tuple[str, float, float]:
+        """(team, the team's tickets, the user's tickets inside it)."""
+        team, tickets = self.users.get(user, (user, 1.0))
+        return team, self.teams.get(team, 1.0), tickets
+
+
+def water_fill(capacity: float, demand: Mapping[str, float],
+               tickets: Mapping[str, float]) -> dict[str, float]:
+    """``capacity`` split in proportion to ``tickets``, none given more than its ``demand``;
+    what a capped one leaves goes to the others, again by tickets."""
+    out = dict.fromkeys(demand, 0.0)
+    open_ = {k for k, d in demand.items() if d > 0}
+    left = capacity
+    while open_ and left > 1e-9:
+        weight = sum(tickets[k] for k in open_)
+        capped = {k for k in open_ if demand[k] - out[k] <= left * tickets[k] / weight}
+        if not capped:
+            for k in open_:
+                out[k] += left * tickets[k] / weight
+            break
+        for k in capped:
+            left -= demand[k] - out[k]
+            out[k] = demand[k]
+        open_ -= capped
+    return out
+
+
+def fair_shares(capacity: float, demand: Mapping[str, float], shares: Shares
+                ) -> dict[str, float]:
+    """Each user's fair share of ``capacity`` GPU-seconds: teams by tickets, then users."""
+    team_demand: dict[str, float] = defaultdict(float)
+    team_tickets: dict[str, float] = {}
+    for user, d in demand.items():
+        team, tickets, _ = shares.of(user)
+        team_demand[team] += d
+        team_tickets[team] = tickets
+    by_team = water_fill(capacity, team_demand, team_tickets)
+    out: dict[str, float] = {}
+    for team, owed in by_team.items():
+        users = {u: d for u, d in demand.items() if shares.of(u)[0] == team}
+        out.update(water_fill(owed, users, {u: shares.of(u)[2] for u in users}))
+    return out
+
+

@@ -1,0 +1,92 @@
+"""Fair shares by tickets (gandiva:fair, ``policies/gandiva/fair.py``) and the measure of them
+(``fairness.py``): water-filling, a late user's turn, tickets, the three-team mix."""
+
+import pytest
+
+from gandiva.fairness import report, windows
+from gandiva.shares import Shares, fair_shares, water_fill
+from gandiva.sim.engine import SimConfig
+from gandiva.sim.run import simulate
+from gandiva.spec import JobSpec, Trace
+
+HOUR = 3600.0
+
+
+def run(jobs, policy, cluster, shares=None):
+    shares = shares or Shares()
+    result = simulate(Trace("t", jobs), policy, cluster=cluster, shares=shares,
+                      config=SimConfig(timeline=True))
+    return result, report(result, shares)
+
+
+def jct_h(result, jid):
+    r = next(r for r in result.jobs if r.spec.id == jid)
+    return (r.finish - r.spec.submit_time) / HOUR
+
+
+def test_water_filling_caps_by_demand_and_shares_the_rest_by_tickets():
+    assert water_fill(10, {"a": 1, "b": 100, "c": 100}, {"a": 1, "b": 1, "c": 2}) == \
+        {"a": 1, "b": 3.0, "c": 6.0}
+    assert water_fill(10, {"a": 2, "b": 3}, {"a": 1, "b": 1}) == {"a": 2, "b": 3}
+    assert water_fill(10, {"a": 0, "b": 30}, {"a": 5, "b": 1}) == {"a": 0.0, "b": 10.0}
+
+
+def test_a_fair_share_is_split_between_teams_first_then_between_their_users():
+    shares = Shares({"big": 1, "small": 1}, {"u1": ("big", 1), "u2": ("big", 1),
+                                             "u3": ("big", 2), "v": ("small", 1)})
+    owed = fair_shares(12, {"u1": 100, "u2": 100, "u3": 100, "v": 100}, shares)
+    assert owed == pytest.approx({"u1": 1.5, "u2": 1.5, "u3": 3.0, "v": 6.0})
+
+
+def alice_and_bob():
+    return [*(JobSpec(f"a{i}", 0, 1, "resnet50", user="alice", duration=10 * HOUR)
+              for i in range(8)),
+            JobSpec("b", 60, 1, "resnet50", user="bob", duration=10 * HOUR)]
+
+
+def test_a_user_who_comes_second_gets_a_share_at_once_not_after_the_first_users_jobs():
+    unfair, measured = run(alice_and_bob(), "gandiva", "1x4")
+    assert jct_h(unfair, "b") > 25  # turns go to jobs: bob's one job of nine waits
+    assert measured["users"]["bob"]["received_over_fair"] < 0.5
+    fair, measured = run(alice_and_bob(), "gandiva:fair", "1x4")
+    assert jct_h(fair, "b") < 10.5  # one GPU of four from the start: as if alone
+    assert measured["within"] == 1.0 and measured["jain"] > 0.99
+
+
+def test_tickets_weigh_the_shares():
+    jobs = [JobSpec(f"{u}{i}", 0, 1, "resnet50", user=u, duration=20 * HOUR)
+            for u in ("rich", "poor") for i in range(4)]
+    shares = Shares({"rich": 3, "poor": 1}, {"rich": ("rich", 1), "poor": ("poor", 1)})
+    result, measured = run(jobs, "gandiva:fair", "1x4", shares)
+    ws = windows(result, shares)
+    both = [w for w in ws.received if len(ws.demand[w]) == 2 and w < 20]
+    got = sum(ws.received[w]["rich"] for w in both) / sum(ws.received[w]["poor"] for w in both)
+    assert 2.7 < got < 3.3
+    assert measured["within"] >= 0.9
+
+
+def test_time_away_is_not_saved_up_to_hold_the_cluster_later():
+    # early runs alone for 10 h; late comes then: it gets half, not all until it catches up
+    jobs = [*(JobSpec(f"e{i}", 0, 1, "resnet50", user="early", duration=30 * HOUR)
+              for i in range(4)),
+            *(JobSpec(f"l{i}", 10 * HOUR, 1, "resnet50", user="late", duration=10 * HOUR)
+              for i in range(4))]
+    result, measured = run(jobs, "gandiva:fair", "1x4")
+    assert measured["users"]["early"]["received_over_fair"] > 0.95
+    assert measured["within"] >= 0.9
+
+
+def test_the_forty_job_team_gets_no_more_than_its_share_of_the_three_team_mix():
+    jobs = [JobSpec(f"sweep{i}", i, 1, "resnet50", user="sweeps", duration=3 * HOUR)
+            for i in range(40)]
+    jobs += [JobSpec(f"gang{i}", 40 + i, 8, "resnet50", user="gangs", duration=8 * HOUR)
+             for i in range(4)]
+    jobs.append(JobSpec("solo", 50, 1, "resnet50", user="solo", duration=40 * HOUR))
+    _, unfair = run(jobs, "gandiva", "4x4")
+    assert unfair["teams"]["sweeps"]["received_gpu_h"] > \
+        1.3 * unfair["teams"]["sweeps"]["fair_gpu_h"]
+    _, fair = run(jobs, "gandiva:fair", "4x4")
+    t = fair["teams"]
+    assert t["sweeps"]["received_gpu_h"] <= 1.05 * t["sweeps"]["fair_gpu_h"]
+    assert t["solo"]["received_gpu_h"] >= 0.95 * t["solo"]["fair_gpu_h"]
+    assert fair["jain"] > 0.95 and fair["within"] > unfair["within"] + 0.3
