@@ -288,6 +288,10 @@ def register(app: typer.Typer, user_app: typer.Typer, team_app: typer.Typer) -> 
         console.print(f"{escape(u['name'])}: team {escape(u['team'] or '-')}, "
                       f"{u['tickets']} tickets")
 
+    def _say_team(t: dict[str, Any]) -> None:
+        console.print(f"team {escape(t['name'])}: {t['tickets']} tickets, quota "
+                      f"{t['quota_gpus'] if t['quota_gpus'] is not None else 'none'}")
+
     @team_app.command("add")
     def team_add(name: Annotated[str, typer.Argument(help="Team name")],
                  tickets: Annotated[int, typer.Option(
@@ -298,8 +302,7 @@ def register(app: typer.Typer, user_app: typer.Typer, team_app: typer.Typer) -> 
         """Create a team (admins)."""
         t = run(lambda: _client(url, token).add_team(name=name, tickets=tickets,
                                                       quota_gpus=quota_gpus))
-        console.print(f"team {escape(t['name'])}: {t['tickets']} tickets, quota "
-                      f"{t['quota_gpus'] if t['quota_gpus'] is not None else 'none'}")
+        _say_team(t)
 
     @team_app.command("set")
     def team_set(name: Annotated[str, typer.Argument(help="Team name")],
@@ -313,8 +316,7 @@ def register(app: typer.Typer, user_app: typer.Typer, team_app: typer.Typer) -> 
         if quota_gpus is not None:
             change["quota_gpus"] = None if quota_gpus == -1 else quota_gpus
         t = run(lambda: _client(url, token).set_team(name, **change))
-        console.print(f"team {escape(t['name'])}: {t['tickets']} tickets, quota "
-                      f"{t['quota_gpus'] if t['quota_gpus'] is not None else 'none'}")
+        _say_team(t)
 
     @team_app.command("list")
     def team_list(url: Url = None, token: Token = None, as_json: Json = False) -> None:

@@ -50,17 +50,19 @@ def water_fill(capacity: float, demand: Mapping[str, float],
 def fair_shares(capacity: float, demand: Mapping[str, float], shares: Shares
                 ) -> dict[str, float]:
     """Each user's fair share of ``capacity`` GPU-seconds: teams by tickets, then users."""
+    of = {user: shares.of(user) for user in demand}
     team_demand: dict[str, float] = defaultdict(float)
     team_tickets: dict[str, float] = {}
+    members: dict[str, dict[str, float]] = defaultdict(dict)
     for user, d in demand.items():
-        team, tickets, _ = shares.of(user)
+        team, tickets, _ = of[user]
         team_demand[team] += d
         team_tickets[team] = tickets
-    by_team = water_fill(capacity, team_demand, team_tickets)
+        members[team][user] = d
     out: dict[str, float] = {}
-    for team, owed in by_team.items():
-        users = {u: d for u, d in demand.items() if shares.of(u)[0] == team}
-        out.update(water_fill(owed, users, {u: shares.of(u)[2] for u in users}))
+    for team, owed in water_fill(capacity, team_demand, team_tickets).items():
+        users = members[team]
+        out.update(water_fill(owed, users, {u: of[u][2] for u in users}))
     return out
 
 

@@ -70,7 +70,6 @@ class Las:
     _waiting: SortedList = field(default_factory=SortedList, repr=False)
     _crossings: list[tuple[float, str]] = field(default_factory=list, repr=False)
     _wake: float = -1.0
-    _biggest: tuple[int, int] = (0, 0)  # (servers seen, GPUs in the biggest of them)
     _shares: dict[str, tuple[tuple[int, ...], dict[int, int]]] = field(default_factory=dict,
                                                                        repr=False)
 
@@ -124,11 +123,11 @@ class Las:
             heapq.heappush(self._crossings, (at, job.id))
 
     # ---- decisions ------------------------------------------------------------------------
-    def _fewest(self, cluster: Cluster, count: int) -> int:
-        """How many servers a gang of ``count`` spans when consolidated."""
-        if self._biggest[0] != len(cluster.nodes):
-            self._biggest = (len(cluster.nodes), max(n.size for n in cluster.nodes))
-        return -(-count // self._biggest[1])
+    @staticmethod
+    def _fewest(cluster: Cluster, count: int) -> int:
+        """How many servers a gang of ``count`` spans when consolidated (the state's biggest
+        bucket of free GPUs is the biggest server's size)."""
+        return -(-count // cluster.max_free_bucket)
 
     def _start(self, cluster: Cluster, job: Job, gpus: tuple[int, ...]) -> Iterator[A.Action]:
         if job.status is JobStatus.SUSPENDED:
@@ -145,7 +144,7 @@ class Las:
         while free > 0 and i < min(self.max_scan, len(self._waiting)):
             job = cluster.jobs[self._waiting[i][3]]
             gpus = best_fit(cluster, job.num_gpus) if job.num_gpus <= free else None
-            if gpus is None or len({cluster.gpus[g].node for g in gpus}) > self._fewest(
+            if gpus is None or len(cluster.servers_of(gpus)) > self._fewest(
                     cluster, job.num_gpus):
                 i += 1
                 continue

@@ -40,11 +40,6 @@ class FairShare(Mechanism):
         self.since = 0.0
 
     def observe(self, cluster: Cluster, event: E.Event, cycle: Cycle) -> Decision[None]:
-        self._note(cluster, event)
-        return
-        yield
-
-    def _note(self, cluster: Cluster, event: E.Event) -> None:
         self.shares = cluster.shares
         self._charge(cluster.now)
         if isinstance(event, E.Arrival):
@@ -59,6 +54,8 @@ class FairShare(Mechanism):
                 self._join(self.user_used, user, self._user_tickets, peers)
             self.jobs[team] += 1
             self.user_jobs[user] += 1
+        return
+        yield
 
     def forget(self, job_id: str) -> None:
         team, user = self.owner.pop(job_id, ("", ""))
@@ -68,11 +65,6 @@ class FairShare(Mechanism):
 
     def after_decision(self, cluster: Cluster, cycle: Cycle) -> Decision[None]:
         """What each team and user holds until the next event (charged then)."""
-        self._hold(cluster)
-        return
-        yield
-
-    def _hold(self, cluster: Cluster) -> None:
         holding: dict[str, float] = defaultdict(float)
         user_holding: dict[str, float] = defaultdict(float)
         for jid in cluster.running:
@@ -81,6 +73,8 @@ class FairShare(Mechanism):
             holding[team] += gpus
             user_holding[user] += gpus
         self.holding, self.user_holding = dict(holding), dict(user_holding)
+        return
+        yield
 
     def order(self, job: Job, now: float) -> float:
         team, user = self.owner.get(job.id, (self.shares.of(job.spec.user)[0], job.spec.user))
