@@ -11,6 +11,15 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+# the highest priority a team's member may give a job (-100 up to it); above it is the admins'
+# class, which alone orders jobs across teams before their shares (decision 0037)
+CEILING = 50
+
+
+def priority_class(priority: int) -> int:
+    """1 for the admins' class (above ``CEILING``), 0 for every member's priority."""
+    return int(priority > CEILING)
+
 
 @dataclass(frozen=True)
 class Shares:

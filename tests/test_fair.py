@@ -90,3 +90,25 @@ def test_the_forty_job_team_gets_no_more_than_its_share_of_the_three_team_mix():
     assert t["sweeps"]["received_gpu_h"] <= 1.05 * t["sweeps"]["fair_gpu_h"]
     assert t["solo"]["received_gpu_h"] >= 0.95 * t["solo"]["fair_gpu_h"]
     assert fair["jain"] > 0.95 and fair["within"] > unfair["within"] + 0.3
+
+
+def test_a_priority_orders_only_its_users_own_jobs_inside_the_users_share():
+    # alice's priority 50 (the ceiling) does not hold bob's job behind hers; between alice's
+    # own jobs it does order: her 50 runs before her 0
+    jobs = [JobSpec("a-hi", 0, 1, "resnet50", user="alice", duration=4 * HOUR, priority=50),
+            JobSpec("a-lo", 0, 1, "resnet50", user="alice", duration=4 * HOUR),
+            JobSpec("b", 60, 1, "resnet50", user="bob", duration=4 * HOUR)]
+    unfair, _ = run(jobs, "gandiva", "1x1")
+    assert jct_h(unfair, "b") > 7.9  # behind both of alice's: the 50 first, then the turns
+    fair, measured = run(jobs, "gandiva:fair", "1x1")
+    assert jct_h(fair, "b") < 8.3  # half the GPU from the start
+    assert jct_h(fair, "a-hi") < jct_h(fair, "a-lo") - 3.5  # alice's 50 before her 0
+    assert measured["within"] >= 0.9
+
+
+def test_the_admins_class_above_the_ceiling_goes_before_every_share():
+    jobs = [JobSpec("a", 0, 1, "resnet50", user="alice", duration=4 * HOUR),
+            JobSpec("urgent", 60, 1, "resnet50", user="bob", duration=2 * HOUR, priority=51)]
+    result, _ = run(jobs, "gandiva:fair", "1x1")
+    assert jct_h(result, "urgent") < 2.1  # alone, at once
+    assert jct_h(result, "a") > 5.9

@@ -9,6 +9,7 @@ from gandiva import actions as A
 from gandiva import events as E
 from gandiva.policies.gandiva import Cycle
 from gandiva.policies.gandiva.fair import USER_WEIGHT, FairShare
+from gandiva.policies.gandiva.shared import Shared
 from gandiva.shares import Shares
 from gandiva.spec import JobSpec
 from gandiva.state import Cluster
@@ -35,7 +36,7 @@ def at(c, fair, t):
 def test_a_team_is_charged_its_gpu_seconds_over_its_tickets():
     c = Cluster.build("1x4")
     c.shares = Shares({"big": 2, "small": 1}, {"ann": ("big", 1), "bo": ("small", 1)})
-    fair = FairShare()
+    fair = FairShare(Shared(60.0))
     a = came(c, fair, "a", "ann", 2, 0.0)
     b = came(c, fair, "b", "bo", 2, 0.0)
     c.apply(A.Place("a", (0, 1)))
@@ -50,7 +51,7 @@ def test_a_team_is_charged_its_gpu_seconds_over_its_tickets():
 
 def test_a_packed_gpu_charges_each_of_its_jobs_half_and_a_suspended_job_nothing():
     c = Cluster.build("1x2")
-    fair = FairShare()
+    fair = FairShare(Shared(60.0))
     for jid, user in (("a", "ann"), ("b", "bo"), ("s", "cy")):
         came(c, fair, jid, user, 1, 0.0).memory_gb = 4.0  # (profiled: they may pack)
     c.apply(A.Place("a", (0,)))
@@ -67,7 +68,7 @@ def test_a_packed_gpu_charges_each_of_its_jobs_half_and_a_suspended_job_nothing(
 
 def test_a_team_that_comes_back_joins_at_the_lowest_pass_of_those_with_jobs():
     c = Cluster.build("1x2")
-    fair = FairShare()
+    fair = FairShare(Shared(60.0))
     a = came(c, fair, "a", "ann", 1, 0.0)
     c.apply(A.Place("a", (0,)))
     decided(c, fair)

@@ -79,7 +79,7 @@ class Gandiva:
                          self._send_back) if c.admission.rule == "las" else Queue())
         self.defrag = (Defrag(s, c.defrag.interval, c.defrag.max_move_s,
                               c.placement.scan_depth) if c.defrag.enabled else None)
-        self.fair = FairShare() if c.fair.enabled else None
+        self.fair = FairShare(s) if c.fair.enabled else None
         # the order hooks run in: some hooks' order decides (room is made by shrinking an
         # elastic job before displacing one; spreading is armed before locality moves)
         self.mechanisms: list[Mechanism] = [
@@ -353,7 +353,8 @@ class Gandiva:
 
     def _queue(self, job: Job, now: float, rank: float = 0.0) -> None:
         """Queue ``job`` for a place: by priority, the mechanisms' ``order``, then ``rank``."""
-        self.s.waiting.add(job, rank, sum(order(job, now) for order in self._orders))
+        self.s.waiting.add(job, rank, sum(order(job, now) for order in self._orders),
+                           self.s.tier(job), self.s.rank(job))
 
 
 

@@ -103,7 +103,7 @@ class LasAdmission(Mechanism):
             return False
         victim = self.most_served(cluster, job, attained + self.margin)
         if victim is None:
-            self.no_victim[n] = (job.priority, attained)
+            self.no_victim[n] = (self.s.tier(job), attained)
             return False
         yield from self.send_back(cluster, victim)
         return True
@@ -112,19 +112,19 @@ class LasAdmission(Mechanism):
         """Did a job of ``job``'s width with no lower priority and no more service find none
         in this scan? (A test replaces this with False: looking again decides the same.)"""
         failed = self.no_victim.get(job.num_gpus)
-        return failed is not None and failed[0] >= job.priority and failed[1] <= attained
+        return failed is not None and failed[0] >= self.s.tier(job) and failed[1] <= attained
 
     def most_served(self, cluster: Cluster, job: Job, floor: float) -> Job | None:
         """The 1-server job of ``job``'s width, and no higher priority, with the most service
         above ``floor``, on any server; None if there is none."""
-        now, n, book = cluster.now, job.num_gpus, self.s.book
+        now, n, book, tier = cluster.now, job.num_gpus, self.s.book, self.s.tier
         best: tuple[float, Job] | None = None
         for node in cluster.nodes:
             if not node.up or node.size < n:
                 continue
             for jid in book.members[node.id]:
                 other = cluster.jobs[jid]
-                if other.num_gpus != n or len(book.home[jid]) > 1 or other.priority > job.priority:
+                if other.num_gpus != n or len(book.home[jid]) > 1 or tier(other) > tier(job):
                     continue
                 served = other.attained_at(now)
                 if served > floor and (best is None or served > best[0]):
@@ -154,7 +154,7 @@ class LasAdmission(Mechanism):
                 for m in sorted(members, key=lambda m: -served[m.id]):
                     if excess <= 0 or served[m.id] <= floor:
                         break
-                    if m.priority <= job.priority:
+                    if self.s.tier(m) <= self.s.tier(job):
                         victims.append(m)
                         excess -= m.num_gpus if len(book.home[m.id]) == 1 else size
                 if excess > 0:

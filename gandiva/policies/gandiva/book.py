@@ -19,18 +19,21 @@ from gandiva.state import Cluster, Job, JobStatus
 
 
 class Waiting:
-    """Jobs on no server yet, in order: higher priority, then less attained service (with
-    ``las_admission``; newcomers have none), then arrival."""
+    """Jobs on no server yet, in order: higher priority (its class under fair shares), the
+    mechanisms' order, then less attained service (with ``las_admission``; newcomers have
+    none), then arrival."""
 
     def __init__(self) -> None:
         self._order: SortedList = SortedList()
-        self._key: dict[str, tuple[int, float, float, int, str]] = {}
+        self._key: dict[str, tuple[int, float, int, float, int, str]] = {}
 
-    def add(self, job: Job, attained: float = 0.0, before: float = 0.0) -> None:
-        """Queue ``job`` (again), ``before`` (the mechanisms' order) and ``attained`` placing
-        it among the jobs of its priority."""
+    def add(self, job: Job, attained: float = 0.0, before: float = 0.0,
+            tier: int | None = None, rank: int = 0) -> None:
+        """Queue ``job`` (again) by ``tier`` (its priority unless given), then ``before``
+        (the mechanisms' order), ``rank`` (higher first) and ``attained``."""
         self.discard(job.id)
-        key = (-job.priority, before, attained, job.seq, job.id)
+        key = (-(job.priority if tier is None else tier), before, -rank, attained, job.seq,
+               job.id)
         self._key[job.id] = key
         self._order.add(key)
 

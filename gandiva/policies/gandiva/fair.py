@@ -2,8 +2,10 @@
 2020) as a slice order.
 
 Each team has a pass: the GPU-seconds its jobs received over its tickets; each user one inside
-its team. Among jobs of one priority, the team with the lowest pass goes first, then within it
-the user with the lowest, then the slice order's own rule (levels) between one user's jobs. A
+its team. Among jobs of one priority class (``shares.priority_class``: every member's priority,
+or the admins' class above the ceiling), the team with the lowest pass goes first, then within
+it the user with the lowest, then that user's jobs by priority, then the slice order's own rule
+(levels): a priority orders only its user's own jobs, inside the user's share. A
 team (or user) that had no job in the cluster joins at the lowest pass of those that have one
 (stride scheduling's rule): time away is not saved up to spend later. A packed GPU charges
 each of its jobs half; a suspended job charges nothing. Tickets come from ``Cluster.shares``.
@@ -16,7 +18,7 @@ from collections.abc import Callable
 
 from gandiva import events as E
 from gandiva.policies.gandiva.framework import Cycle, Mechanism, ignores_samples
-from gandiva.policies.gandiva.shared import Decision
+from gandiva.policies.gandiva.shared import Decision, Shared
 from gandiva.shares import Shares
 from gandiva.state import Cluster, Job
 
@@ -28,7 +30,8 @@ USER_WEIGHT = 1e-9
 class FairShare(Mechanism):
     may_change = ignores_samples
 
-    def __init__(self) -> None:
+    def __init__(self, shared: Shared) -> None:
+        shared.classes = True  # priority orders a user's own jobs only (``Shared.rank``)
         self.shares = Shares()
         self.used: dict[str, float] = {}  # team -> GPU-seconds received
         self.user_used: dict[str, float] = {}  # user -> GPU-seconds received

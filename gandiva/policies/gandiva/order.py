@@ -44,6 +44,7 @@ class Slot:
     attained: float  # GPU-seconds of service up to the round (0 for an order that ignores it)
     memory_gb: float | None = None
     before: float = 0.0  # the mechanisms' ``order`` of it, put before the slice order's rule
+    rank: int = 0  # after ``before``, higher first: its priority among its user's jobs (fair)
     # a gang's GPUs on each server of its home: those it holds, or takes in the round chosen
     share: tuple[int, ...] = ()
 

@@ -215,7 +215,7 @@ class Packing(Mechanism):
         hosts.sort(key=_least_utilised)
         for guest in sorted(waiting, key=_least_utilised):
             for host in hosts:
-                if host.priority > guest.priority or not self.may_pair(
+                if self.s.tier(host) > self.s.tier(guest) or not self.may_pair(
                         guest, host, cluster.gpus[host.gpus[0]].memory_gb):
                     continue
                 yield A.Pack(guest.id, host.gpus)

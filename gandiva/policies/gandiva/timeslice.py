@@ -90,7 +90,7 @@ class TimeSlicing(Mechanism):
         key = self.slice_order.key(now, tick)
         if not self.before:
             return key
-        return lambda s: (k := key(s))[:2] + (s.before,) + k[2:]
+        return lambda s: (k := key(s))[:2] + (s.before, -s.rank) + k[2:]
 
     # ---- votes (``quiet.py``) -----------------------------------------------------------
     def time_dependent(self) -> bool:
@@ -125,12 +125,14 @@ class TimeSlicing(Mechanism):
         """The jobs' slots at ``now``: what a round decides over."""
         home, last_start = self.s.book.home, self.s.book.last_start
         service = self.slice_order.by_service
-        slots = [Slot(j.id, j.priority, j.seq, j.num_gpus, home[j.id], j.gpus,
+        tier = self.s.tier
+        slots = [Slot(j.id, tier(j), j.seq, j.num_gpus, home[j.id], j.gpus,
                       last_start.get(j.id), j.attained_at(now) if service else 0.0, j.memory_gb)
                  for j in jobs]
         if self.before:
             for sl, j in zip(slots, jobs, strict=True):
                 sl.before = sum(order(j, now) for order in self.before)
+                sl.rank = self.s.rank(j)
         for sl in slots:
             if sl.gpus and len(sl.home) > 1:
                 sl.share = held(cluster, sl.home, sl.gpus)
@@ -401,21 +403,21 @@ class TimeSlicing(Mechanism):
                                              {s: cluster.nodes[s].size for s in S}, now, tick)
         chosen = [cluster.jobs[s.id] for s in chosen_slots]
         run = keep | {j.id for j in chosen}
-        running = JobStatus.RUNNING
+        running, tier = JobStatus.RUNNING, self.s.tier
         stopping = self.by_server([job for job in jobs if job.status is running
                                    and job.id not in run
-                                   and not stays_packed(cluster, job, run)])
+                                   and not stays_packed(cluster, job, run, tier)])
         # the highest priority given room on each server: a job is displaced only by a job
         # of higher priority on its own server
         top: dict[int, int] = {}
-        if stopping and max((j.priority for j in chosen), default=0) > min(
-                j.priority for j in stopping):  # (else none is displaced by a higher one)
+        if stopping and max((tier(j) for j in chosen), default=0) > min(
+                tier(j) for j in stopping):  # (else none is displaced by a higher one)
             for j in chosen:
                 for t in home[j.id]:
-                    top[t] = max(top.get(t, j.priority), j.priority)
+                    top[t] = max(top.get(t, tier(j)), tier(j))
         for job in stopping:
             elsewhere = None
-            if len(home[job.id]) == 1 and top.get(home[job.id][0], job.priority) > job.priority:
+            if len(home[job.id]) == 1 and top.get(home[job.id][0], tier(job)) > tier(job):
                 elsewhere = free_elsewhere(book, cluster, home[job.id][0], job.num_gpus,
                                            may=self.s.may_go(job, cluster))
             if elsewhere is not None:
@@ -445,12 +447,12 @@ class TimeSlicing(Mechanism):
         return jobs
 
 
-def stays_packed(cluster: Cluster, job: Job, run: set[str]) -> bool:
+def stays_packed(cluster: Cluster, job: Job, run: set[str], tier: Callable[[Job], int]
+                 ) -> bool:
     """Does ``job``, not given a turn in this round, run on where it shares a GPU with a job
     that runs on, none of higher priority than its own? A packed pair takes two places in a
     round's count, so one of them lost its turn at nearly every round only for packing to pack
     it again after it (docs/decisions/0004); packing's own judgement still unpacks a pair that
     does not pay."""
     mates = [m for g in job.gpus for m in cluster.gpus[g].jobs if m != job.id]
-    return bool(mates) and all(m in run and cluster.jobs[m].priority <= job.priority
-                               for m in mates)
+    return bool(mates) and all(m in run and tier(cluster.jobs[m]) <= tier(job) for m in mates)
