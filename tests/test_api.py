@@ -260,12 +260,23 @@ def test_suspend_frees_the_devices_and_resume_continues_from_the_checkpoint(serv
     assert kinds.index("held") < kinds.index("released") < len(kinds) - 1
 
 
-def test_priority_change_is_stored_and_validated(server):
+def test_priority_change_is_stored_and_validated_and_a_member_stays_under_the_ceiling(server):
     client, tokens, _ = server
     ada = auth(tokens["ada"])
     job_id = submit_long(client, ada, 1)[0]
     r = client.patch(f"/v1/jobs/{job_id}", json={"priority": 7}, headers=ada)
     assert r.status_code == 200 and r.json()["priority"] == 7
+    # above the ceiling (50) is the admins' class: a member gets a 403 naming it, an admin not
+    r = client.patch(f"/v1/jobs/{job_id}", json={"priority": 51}, headers=ada)
+    assert r.status_code == 403 and "priority: 51 is above 50" in r.json()["detail"]
+    r = client.post("/v1/jobs", json={"name": "x", "command": ["python", "cnn.py"],
+                                      "priority": 90}, headers=ada)
+    assert r.status_code == 403 and "priority: 90" in r.json()["detail"]
+    assert client.get("/v1/jobs", headers=ada).json()[0]["id"] == job_id  # none stored
+    r = client.patch(f"/v1/jobs/{job_id}", json={"priority": 60}, headers=auth(tokens["root"]))
+    assert r.status_code == 200 and r.json()["priority"] == 60
+    r = client.patch(f"/v1/jobs/{job_id}", json={"priority": 7}, headers=ada)
+    assert r.status_code == 200
     assert client.patch(f"/v1/jobs/{job_id}", json={"priority": 1000}, headers=ada
                         ).status_code == 422
     assert client.patch(f"/v1/jobs/{job_id}", json={"gpus": 2}, headers=ada).status_code == 422

@@ -355,6 +355,22 @@ def test_the_best_at_the_first_rung_leads_unsure_trials_wait_and_the_rest_resume
         s.up.crash()
 
 
+def test_a_members_sweep_raises_its_trials_no_higher_than_the_ceiling(zygote, home):
+    """Rungs order a sweep's own trials: a member's sweep at 49 leads at 50 (the ceiling),
+    not at 52, and no member's sweep starts above it."""
+    s = Sleeping(home, zygote, priority=49)
+    try:
+        s.report(0, 1.0)
+        s.report(1, 0.5)  # promoted, and it leads: 49 + 2 + 1, clamped
+        assert [s.get(f"/v1/jobs/{j}")["priority"] for j in s.jobs] == [48, 50, 49, 49]
+        r = s.c.post("/v1/sweeps", headers=s.auth, json={
+            "name": "high", "trials": 1, "command": "python idle.py {lr}", "priority": 51,
+            "space": {"lr": {"grid": [1]}}, "metric": "loss"})
+        assert r.status_code == 403 and "priority: 51 is above 50" in r.json()["detail"]
+    finally:
+        s.up.crash()
+
+
 def test_an_outranked_trial_is_paused_promoted_when_later_values_put_it_on_top_then_stopped(
         zygote, home):
     """ASHA pauses, it does not stop at once: a trial outranked by the few values its rung had

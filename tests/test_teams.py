@@ -136,6 +136,39 @@ def test_a_database_made_before_teams_is_migrated_users_in_no_team(db_url):
     assert store.set_user("old", team="vision").team == "vision"
 
 
+def test_the_migration_clamps_members_unfinished_jobs_to_the_ceiling_with_an_event(db_url):
+    from alembic import command
+    from alembic.config import Config
+
+    from gandiva.server import store as store_module
+
+    cfg = Config()
+    cfg.set_main_option("script_location", os.path.join(os.path.dirname(
+        store_module.__file__), "migrations"))
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0006")
+        conn.execute(text("INSERT INTO users (id, name, token_hash, admin, created_at, uid) "
+                          "VALUES (1, 'ada', 'h1', false, 0, 61184), "
+                          "(2, 'root', 'h2', true, 0, 61185)"))
+        for job, user, state, priority in (("high", 1, "queued", 90), ("low", 1, "held", 7),
+                                           ("done", 1, "done", 90), ("admin", 2, "running", 90)):
+            conn.execute(text(
+                "INSERT INTO jobs (id, user_id, name, spec, state, reason, priority, "
+                "submitted_at) VALUES (:id, :user, :id, '{}', :state, '', :priority, 0)"),
+                {"id": job, "user": user, "state": state, "priority": priority})
+    engine.dispose()
+    store = Store(db_url)
+    root = store.owner("admin")
+    rows = {j: store.job(root, j) for j in ("high", "low", "done", "admin")}
+    assert {j: r.priority for j, r in rows.items()} == \
+        {"high": 50, "low": 7, "done": 90, "admin": 90}
+    events = [(e.kind, e.data["from"], e.data["to"]) for e in store.events("high")]
+    assert events == [("priority-clamped", 90, 50)]
+    assert store.events("admin") == [] and store.events("done") == []
+
+
 def test_the_cli_makes_a_team_and_adds_a_user_to_it(tmp_path):
     home = tmp_path / "home"
     home.mkdir()

@@ -420,6 +420,7 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
     @app.post("/v1/jobs", status_code=201, response_model=JobView, responses={
         **BAD_BODY, 200: {"description": "A submission_id used before: the job it made",
                           "model": JobView},
+        403: problem("A priority above the ceiling a member may set"),
         409: problem("A submission_id used before for another spec"),
         413: problem("A body over the server's limit"),
         429: problem("Too many of your jobs are not finished yet")})
@@ -466,7 +467,9 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
     def job(job_id: str, who: Who) -> JobView:
         return service.view(visible(who, job_id))
 
-    @app.patch("/v1/jobs/{job_id}", responses={**BAD_BODY, **NOT_FOUND, **CONFLICT})
+    @app.patch("/v1/jobs/{job_id}", responses={
+        **BAD_BODY, **NOT_FOUND, **CONFLICT,
+        403: problem("A priority above the ceiling a member may set")})
     def change(job_id: str, change: Change, who: Who) -> JobView:
         """Change a job's priority; the policy takes it into account at once."""
         service.change(who, visible(who, job_id), change.priority)

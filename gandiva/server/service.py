@@ -36,11 +36,21 @@ from gandiva.server.submissions import (
 from gandiva.server.sweeps import Sweeps
 from gandiva.server.tenancy import Tenancy
 from gandiva.server.views import JobView, Views
+from gandiva.shares import CEILING
 from gandiva.spec import TERMINAL, JobState
 from gandiva.sweep.spec import SweepSpec
 
 CLOSE_S = 30.0  # how long a stopping server waits for the database to take what is queued
 
+
+
+def below_ceiling(who: Principal, priority: int) -> None:
+    """403 for a member's priority above the ceiling: above it is the admins' class, which
+    orders jobs across teams before their shares (decision 0037)."""
+    if priority > CEILING and not who.admin:
+        raise HTTPException(403, f"priority: {priority} is above {CEILING}, the highest a "
+                            f"member may set; a priority orders your own jobs, and only an "
+                            f"admin may put a job in the class above {CEILING}")
 
 class LoopTrials:
     """``sweeps.Trials`` over the loop: events go to the journal, steps to the loop."""
@@ -109,6 +119,7 @@ class Service:
     # ---- submissions -----------------------------------------------------------------------
     def submit(self, who: Principal, req: JobRequest) -> JobRow:
         """Store and queue a job (a ``submission_id`` used before: the job it made)."""
+        below_ceiling(who, req.priority)
         row, accepted = self.submissions.job(who, req)
         if accepted is not None:
             if row.created:
@@ -122,6 +133,7 @@ class Service:
 
     def submit_sweep(self, who: Principal, spec: SweepSpec) -> tuple[SweepRow, list[JobRow]]:
         """Store a sweep and its trials, then queue every trial."""
+        below_ceiling(who, spec.priority)
         sweep, trials = self.submissions.sweep(who, spec)
         self.sweeps.add(sweep.id, spec, [t.row.id for t in trials])  # before any can report
         for trial in trials:
@@ -171,6 +183,7 @@ class Service:
 
     def change(self, who: Principal, row: JobRow, priority: int) -> None:
         live(row)
+        below_ceiling(who, priority)
         self.store.record(row.id, "priority", {"by": who.name, "from": row.priority,
                                                "to": priority}, priority=priority)
         self.backend.set_priority(row.id, priority)

@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gandiva.server.store import JobRow, SweepRow, TrialDecision, TrialRow
+from gandiva.shares import CEILING
 from gandiva.spec import TERMINAL, JobState
 from gandiva.sweep.rules import Verdict, judge, value_at
 from gandiva.sweep.spec import SweepSpec
@@ -285,8 +286,14 @@ class Sweeps:
 
     def _priority(self, trial: Trial, untried: bool, leader: Trial | None
                   ) -> tuple[int, str, str]:
-        """The priority the sweep's rules give ``trial`` now, the event that says so, and
-        why."""
+        """The priority the sweep's rules give ``trial`` now (never past the ceiling a
+        member's sweep starts under: its rungs order its own trials, not other users'), the
+        event that says so, and why."""
+        priority, kind, why = self._rule(trial, untried, leader)
+        return min(priority, max(trial.sweep.spec.priority, CEILING)), kind, why
+
+    def _rule(self, trial: Trial, untried: bool, leader: Trial | None
+              ) -> tuple[int, str, str]:
         sweep = trial.sweep
         base, first = sweep.spec.priority, sweep.spec.stop.rungs[0]  # (a rule has rungs)
         if trial is leader:
