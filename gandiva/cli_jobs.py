@@ -235,8 +235,9 @@ def register(app: typer.Typer, user_app: typer.Typer, team_app: typer.Typer) -> 
     verb("resume", "Give held jobs back to the scheduler; each continues from its checkpoint.")
 
     @app.command()
-    def priority(job_id: JobId, value: Annotated[int, typer.Argument(help="-100..100; higher "
-                                                                     "runs first")],
+    def priority(job_id: JobId, value: Annotated[int, typer.Argument(
+            help="-100..50, higher first among your own jobs (51..100: admins only, ahead of "
+                 "every team's share)")],
                  url: Url = None, token: Token = None) -> None:
         """Change a job's priority."""
         job = run(lambda: _client(url, token).set_priority(job_id, value))
@@ -332,6 +333,36 @@ def register(app: typer.Typer, user_app: typer.Typer, team_app: typer.Typer) -> 
             t.add_row(escape(team["name"]), str(team["tickets"]),
                       "-" if team["quota_gpus"] is None else str(team["quota_gpus"]),
                       escape(", ".join(team["members"])))
+        console.print(t)
+
+    @app.command()
+    def usage(since: Annotated[str, typer.Option(help="From: 7d (ago), 12h, or an ISO date")]
+              = "7d",
+              until: Annotated[str | None, typer.Option(help="To (default: now)")] = None,
+              by: Annotated[str, typer.Option(help="user or team")] = "user",
+              url: Url = None, token: Token = None, as_json: Json = False) -> None:
+        """GPU-hours allocated, used, borrowed and lent, and the fair share against what was
+        received, by user or team (yours; an admin: everyone's)."""
+        params = {"since": since, "by": by, **({"until": until} if until else {})}
+        u = run(lambda: _client(url, token).usage(**params))
+        if as_json:
+            _print_json(u)
+            return
+        t = Table(box=None, header_style="bold", title=(
+            f"GPU-hours, {datetime.fromtimestamp(u['since']):%Y-%m-%d %H:%M} to "
+            f"{datetime.fromtimestamp(u['until']):%Y-%m-%d %H:%M}"))
+        cols = ["USER" if by == "user" else "TEAM", *(["TEAM"] if by == "user" else []),
+                "ALLOCATED", "USED", "UNMEASURED", *(["BORROWED", "LENT"] if u["quotas"]
+                                                      else []), "FAIR", "RECEIVED/FAIR"]
+        for col in cols:
+            t.add_column(col, justify="left" if col in ("USER", "TEAM") else "right")
+        for r in u["rows"]:
+            h = [f"{r[k] / 3600:.3f}" for k in ("allocated_gpu_s", "used_gpu_s",
+                                                 "unmeasured_gpu_s")]
+            lend = [f"{r[k] / 3600:.3f}" for k in ("borrowed_gpu_s", "lent_gpu_s")]
+            t.add_row(escape(r["name"]), *([escape(r["team"] or "-")] if by == "user" else []),
+                      *h, *(lend if u["quotas"] else []), f"{r['fair_gpu_s'] / 3600:.3f}",
+                      "-" if r["received_over_fair"] is None else f"{r['received_over_fair']:.2f}")
         console.print(t)
 
     @user_app.command("revoke")

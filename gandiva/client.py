@@ -167,6 +167,9 @@ class Client:
     def set_user(self, name: str, **change: Any) -> dict[str, Any]:
         return self.request("PATCH", f"/v1/users/{name}", json=change)
 
+    def usage(self, **params: str) -> dict[str, Any]:
+        return self.request("GET", "/v1/usage", params=params)
+
     def teams(self) -> list[dict[str, Any]]:
         return self.request("GET", "/v1/teams")
 

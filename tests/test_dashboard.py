@@ -168,6 +168,18 @@ def test_the_utilisation_chart_draws_the_samples(server, jobs, page):
     expect(page.locator("#utilisation .legend")).to_contain_text("now 2 of 2 allocated")
 
 
+def test_the_shares_chart_draws_what_the_user_received_against_the_fair_share(server, jobs,
+                                                                              page):
+    """alice is in no team: she sees her own share, under "-"."""
+    sign_in(page, server)
+    chart = page.locator("#shares svg")
+    expect(chart).to_have_attribute("data-teams", "1")
+    for kind in ("received", "fair"):
+        expect(chart.locator(f'path[data-team="-"][data-kind="{kind}"]')).to_have_attribute(
+            "d", re.compile("^M"))
+    expect(page.locator("#shares .legend")).to_contain_text(re.compile(r"-: \d+\.\d\d of"))
+
+
 def test_clicking_a_job_shows_its_timeline_of_running_and_suspended(server, jobs, page):
     sliced = wait_for_event(server, jobs, "suspended")
     sign_in(page, server)

@@ -42,7 +42,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gandiva.backends.nodes import newest_checkpoint
-from gandiva.server import sweep_api
+from gandiva.server import sweep_api, usage_api
 from gandiva.server.confinement import unprocessable
 from gandiva.server.jobspec import (
     MAX_LABELS,
@@ -412,6 +412,7 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
     sweep_api.routes(app, store, lambda who, spec: service.submit_sweep(who, spec),
                      lambda job_id: newest_checkpoint(service.backend.agent, job_id), Who,
                      visible, NOT_FOUND, BAD_BODY)
+    usage_api.routes(app, store, lambda: len(service.backend.devices), Who, BAD_BODY)
 
     @app.get("/v1/whoami")
     def whoami(who: Who) -> WhoAmI:

@@ -15,9 +15,9 @@ from gandiva.server.jobspec import JobRequest
 from gandiva.server.store import Principal
 
 
-def unprocessable(field: str, msg: str) -> HTTPException:
+def unprocessable(field: str, msg: str, where: str = "body") -> HTTPException:
     """A 422 shaped like FastAPI's own validation errors: the field, and what to do."""
-    return HTTPException(422, detail=[{"loc": ["body", field], "msg": msg,
+    return HTTPException(422, detail=[{"loc": [where, field], "msg": msg,
                                        "type": "value_error"}])
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import gc
 import platform
 import time
-from collections import Counter, deque
+from collections import Counter, defaultdict, deque
 from importlib import metadata
 
 from prometheus_client import (
@@ -38,14 +38,18 @@ from prometheus_client.core import GaugeMetricFamily
 
 from gandiva import actions as A
 from gandiva import events as E
+from gandiva.accounting import NO_TEAM
 from gandiva.backends.driver import Driver, Observer, named
 from gandiva.node.agent import HUNG, STRAGGLED
+from gandiva.shares import water_fill
 from gandiva.spec import TERMINAL, JobState
 
 # from sub-millisecond decisions to checkpoints of large models
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
            30, 60)
 STATES = tuple(JobState)
+TEAMS_MAX = 50  # teams labelled one by one; past these (by name) they count as "other"
+ASKING = (JobState.QUEUED, JobState.RUNNING, JobState.SUSPENDED)  # demand: not held
 
 # Python's garbage collector stops every thread while it runs, so its pauses are the API's
 # pauses too. One histogram for the process (collections are the process's), shown by every
@@ -176,6 +180,7 @@ class Metrics(Observer):
         yield GaugeMetricFamily("gandiva_device_utilisation_ratio", "Mean device utilisation "
                                 "the running jobs report (0..1), at the latest sample",
                                 value=util)
+        yield from teams(b)
 
     def changed(self, what: str, state: str | None, reason: str | None = None) -> None:
         """A job's transition, as the server stores it."""
@@ -207,3 +212,41 @@ def _version() -> str:
         return metadata.version("gandiva")
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+def teams(b: Driver):
+    """Per team: devices held now (a shared device counts 1/n to each of its n jobs) and its
+    fair share of them now (the devices water-filled by tickets, capped by the GPUs its
+    unfinished, unheld jobs ask for; a user in no team is a team of their own, as the policy
+    has it). Labels: team names (admins make them; at most ``TEAMS_MAX``, the rest "other"),
+    "-" for the users in no team together; never a user."""
+    shares = b.cluster.shares
+    records = [r for r in list(b.records.values()) if r.status in ASKING]
+    on = Counter(d for r in records if r.status == JobState.RUNNING for d in r.devices)
+    held: dict[str, float] = defaultdict(float)
+    asked: dict[str, float] = defaultdict(float)
+    for r in records:
+        team = shares.of(r.spec.user)[0]
+        asked[team] += r.spec.num_gpus
+        if r.status == JobState.RUNNING:
+            held[team] += sum(1 / on[d] for d in r.devices)
+    fair = water_fill(len(b.devices), asked, {t: shares.teams.get(t, 1.0) for t in asked})
+    labelled = sorted(shares.teams)[:TEAMS_MAX]
+    label = dict.fromkeys(asked, NO_TEAM) | {t: "other" for t in shares.teams} \
+        | {t: t for t in labelled}
+    allocated = GaugeMetricFamily("gandiva_team_devices_allocated", "Devices a team's jobs "
+                                  "hold now (shared devices split between their jobs)",
+                                  labels=["team"])
+    owed = GaugeMetricFamily("gandiva_team_devices_fair", "A team's fair share of the "
+                             "devices now: by tickets, capped by what its jobs ask for",
+                             labels=["team"])
+    totals: dict[str, list[float]] = {t: [0.0, 0.0] for t in labelled}
+    for t in asked:
+        got = totals.setdefault(label[t], [0.0, 0.0])
+        got[0] += held.get(t, 0.0)
+        got[1] += fair.get(t, 0.0)
+    for t, (h, f) in sorted(totals.items()):
+        allocated.add_metric([t], h)
+        owed.add_metric([t], f)
+    yield allocated
+    yield owed

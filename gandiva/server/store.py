@@ -44,6 +44,7 @@ from sqlalchemy import (
     func,
     insert,
     literal_column,
+    or_,
     select,
     text,
     update,
@@ -755,6 +756,23 @@ class Store:
             if not who.admin:
                 q = q.join(JobRow, JobRow.id == EventRow.job_id).where(JobRow.user_id == who.id)
             return list(s.scalars(q))
+
+    def lived(self, since: float, until: float) -> list[tuple[JobRow, str, list[EventRow]]]:
+        """Every job alive at some time in [since, until), with its owner's name and its
+        events (oldest first): what usage is counted from."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            jobs = [(row, name) for row, name in s.execute(
+                select(JobRow, User.name).join(User, User.id == JobRow.user_id)
+                .where(JobRow.submitted_at < until,
+                       or_(JobRow.finished_at.is_(None), JobRow.finished_at >= since))
+                .order_by(JobRow.submitted_at, JobRow.id))]
+            events: dict[str, list[EventRow]] = {row.id: [] for row, _ in jobs}
+            ids = list(events)
+            for i in range(0, len(ids), CHUNK):
+                for e in s.scalars(select(EventRow).where(EventRow.job_id.in_(ids[i:i + CHUNK]))
+                                   .order_by(EventRow.id)):
+                    events[e.job_id].append(e)
+        return [(row, name, events[row.id]) for row, name in jobs]
 
     def unfinished(self) -> list[JobRow]:
         """Jobs to take up again after a restart, oldest first."""

@@ -115,7 +115,7 @@ async function tick(mine) {
   });
   try {
     await Promise.all([guard(refreshOverview()), guard(refreshDetail()),
-      guard(refreshSweeps())]);
+      guard(refreshSweeps()), guard(refreshShares())]);
   } catch (e) {
     if (mine === session) askToken("The server no longer accepts this token (401). Sign in again.");
     return;
@@ -337,6 +337,58 @@ function renderUtilisation(data) {
       : " — no samples yet"));
   $("#utilisation-span").textContent = `last ${duration(span)}`;
   $("#utilisation").replaceChildren(chart, legend);
+}
+
+// ---- shares over time -------------------------------------------------------------------
+
+const SHARES_EVERY_MS = 30_000; // usage is counted from every job's events: not at each tick
+let sharesAt = -Infinity;
+
+async function refreshShares() {
+  if (Date.now() - sharesAt < SHARES_EVERY_MS) return;
+  sharesAt = Date.now();
+  renderShares(await api("/v1/usage?since=6h&by=team&window=10m"));
+}
+
+// Each team's GPUs received and its fair share, per window, as steps (an admin sees every
+// team; a member their own team, or themselves under "-" when in none).
+function renderShares(usage) {
+  const teams = [...new Set(usage.series.flatMap((p) => Object.keys(p.teams)))].sort();
+  $("#shares-panel").hidden = teams.length === 0;
+  if (!teams.length) return;
+  const { height, left, right, top, bottom } = CHART;
+  const width = widthOf($("#shares"));
+  const w = usage.window_s;
+  const first = usage.series[0].start;
+  const end = usage.until;
+  const gpus = usage.series.flatMap((p) => Object.values(p.teams).flat().map((v) => v / w));
+  const most = Math.max(1, ...gpus);
+  const x = (t) => left + ((t - first) / (end - first)) * (width - left - right);
+  const y = (g) => top + (1 - g / most) * (height - top - bottom);
+  const steps = (team, i) => usage.series.map((p) => {
+    const [a, b] = [x(p.start), x(Math.min(p.start + w, end))];
+    const g = y((p.teams[team]?.[i] ?? 0) / w);
+    return `M${a.toFixed(1)},${g.toFixed(1)}L${b.toFixed(1)},${g.toFixed(1)}`;
+  }).join("");
+  const paths = teams.flatMap((team) => ["fair", "received"].map((kind, i) => svg("path", {
+    class: `share ${kind}`, "data-team": team, "data-kind": kind, d: steps(team, i),
+    style: `stroke: ${jobColour(team)}`,
+  }, tooltip(`${team}: ${kind}`))));
+  const grid = [0, most].flatMap((g) => [
+    svg("line", { class: "grid", x1: left, x2: width - right, y1: y(g), y2: y(g) }),
+    svg("text", { class: "axis", x: left - 4, y: y(g) + 4, "text-anchor": "end" },
+      `${+g.toFixed(1)}`),
+  ]);
+  const chart = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
+    "data-teams": teams.length, "aria-label": "GPUs each team received against its fair share",
+  }, ...grid, svg("text", { class: "axis", x: width - right, y: height - 6,
+    "text-anchor": "end" }, "now"), ...paths);
+  const total = (team, i) => usage.series.reduce((s, p) => s + (p.teams[team]?.[i] ?? 0), 0);
+  const legend = el("p", { class: "legend small" }, ...teams.map((team) => el("span", {},
+    el("span", { class: "key", style: `background: ${jobColour(team)}` }),
+    `${team}: ${(total(team, 1) / 3600).toFixed(2)} of ${(total(team, 0) / 3600).toFixed(2)}`
+    + " GPU-h fair  ")));
+  $("#shares").replaceChildren(chart, legend);
 }
 
 // Runs of samples with no gap much longer than the usual interval (a stopped server
