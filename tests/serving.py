@@ -100,6 +100,58 @@ def running(home: Path, users: tuple[str, ...] = ("alice",), policy: str | None 
         stop(proc)
 
 
+@dataclass
+class InProcess:
+    """A server's parts in the test's process behind a real uvicorn: ``client`` (FastAPI's
+    TestClient, for the API) and ``url`` (for the CLI, run in-process with typer's runner)."""
+
+    url: str
+    home: Path
+    tokens: dict[str, str]
+    client: object
+    service: object
+
+
+@contextmanager
+def in_process(home: Path, zygote, users: tuple[str, ...] = ("ada", "bob"),
+               policy: str = "fifo", slots: int = 1) -> Iterator[InProcess]:
+    """Store (SQLite in ``home``), loop, API and uvicorn on a free port in this process, with
+    ``users`` and an admin ``root``: what `gandiva server --home HOME` runs, without a
+    process of its own to start (seconds a test)."""
+    import threading
+
+    import uvicorn
+    from fastapi.testclient import TestClient
+
+    from gandiva.backends.driver import Driver
+    from gandiva.policies import make_policy
+    from gandiva.server.app import Service, create_app
+    from gandiva.server.store import Store
+
+    home.mkdir(parents=True, exist_ok=True)
+    store = Store(str(home / "gandiva.db"))
+    backend = Driver(make_policy(policy), home / "work", slots=slots, zygote=zygote)
+    service = Service(store, backend, home)
+    loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
+    loop.start()
+    tokens = {n: store.add_user(n, admin=(n == "root")) for n in (*users, "root")}
+    for user in users:
+        service.user_dir(store.principal(tokens[user])).mkdir(parents=True, exist_ok=True)
+    app = create_app(service)
+    web = uvicorn.Server(uvicorn.Config(app, port=0, log_level="warning"))
+    thread = threading.Thread(target=web.run, daemon=True)
+    thread.start()
+    try:
+        until(lambda: web.started, 60, "uvicorn to start")
+        url = f"http://127.0.0.1:{web.servers[0].sockets[0].getsockname()[1]}"
+        yield InProcess(url, home, tokens, TestClient(app), service)
+    finally:
+        web.should_exit = True
+        thread.join(timeout=10)
+        backend.stop()
+        loop.join(timeout=30)
+
+
 def passable(path: Path) -> None:
     """As root, give the directories above ``path`` search permission for others (o+x:
     pass, never list) where they lack it: a root server's jobs, run as their users'

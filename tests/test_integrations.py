@@ -253,6 +253,7 @@ def test_torchrun_commands_are_unwrapped_and_a_conflicting_width_is_refused():
 
 # ---- PyTorch Lightning: an unmodified script ---------------------------------------------
 
+@pytest.mark.slow  # (CI runs it after the suite: .ci/run)
 def test_unmodified_lightning_script_time_sliced_restarted_ends_bit_identical(zygote, tmp_path):
     installed("lightning")
     script = str(EXAMPLES / "lightning_mlp.py")
@@ -275,6 +276,7 @@ def test_unmodified_lightning_script_time_sliced_restarted_ends_bit_identical(zy
 
 # ---- Hugging Face Trainer: one changed line -------------------------------------------
 
+@pytest.mark.slow  # (CI runs it after the suite: .ci/run)
 def test_hf_trainer_script_time_sliced_restarted_ends_bit_identical(zygote, tmp_path):
     pytest.importorskip("transformers", reason="pip install -e '.[integrations]'")
     script = str(EXAMPLES / "hf_bert.py")

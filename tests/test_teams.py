@@ -3,11 +3,10 @@ a member may not; a bad spec is refused naming its field; databases made before 
 migrated with every user in no team and one ticket."""
 
 import os
-import subprocess
 import threading
 
 import pytest
-from serving import GANDIVA, add_user, running
+from serving import in_process
 from sqlalchemy import create_engine, text
 
 pytest.importorskip("torch")
@@ -169,29 +168,28 @@ def test_the_migration_clamps_members_unfinished_jobs_to_the_ceiling_with_an_eve
     assert store.events("admin") == [] and store.events("done") == []
 
 
-def test_the_cli_makes_a_team_and_adds_a_user_to_it(tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    root = add_user(home, "root", admin=True)
-    with running(home, users=("ada",)) as server:
-        cli = [*GANDIVA]
-        env = {**os.environ, "GANDIVA_URL": server.url, "GANDIVA_TOKEN": root}
+def test_the_cli_makes_a_team_and_adds_a_user_to_it(zygote, tmp_path):
+    from typer.testing import CliRunner
 
-        def gandiva(*args: str) -> subprocess.CompletedProcess:
-            return subprocess.run([*cli, *args], env=env, capture_output=True, text=True)
+    from gandiva.cli import app as cli
+
+    home = tmp_path / "home"
+    with in_process(home, zygote, users=("ada",)) as server:
+        def gandiva(*args: str):
+            return CliRunner().invoke(cli, [*args, *(
+                ["--url", server.url, "--token", server.tokens["root"]]
+                if args[:2] != ("user", "add") else [])])
 
         assert gandiva("team", "add", "vision", "--tickets", "3",
-                       "--quota-gpus", "4").returncode == 0
-        made = subprocess.run([*GANDIVA, "user", "add", "cy", "--home", str(home),
-                               "--team", "vision", "--tickets", "2"],
-                              capture_output=True, text=True)
-        assert made.returncode == 0, made.stderr
-        assert gandiva("user", "set", "ada", "--team", "vision").returncode == 0
+                       "--quota-gpus", "4").exit_code == 0
+        made = gandiva("user", "add", "cy", "--home", str(home), "--team", "vision",
+                       "--tickets", "2")
+        assert made.exit_code == 0, made.output
+        assert gandiva("user", "set", "ada", "--team", "vision").exit_code == 0
         listed = gandiva("team", "list")
-        assert listed.returncode == 0
-        assert "vision" in listed.stdout and "ada, cy" in listed.stdout
+        assert listed.exit_code == 0
+        assert "vision" in listed.output and "ada, cy" in listed.output
         bad = gandiva("team", "set", "vision", "--tickets", "0")
-        assert bad.returncode == 2 and "tickets" in bad.stderr + bad.stdout
-        missing = subprocess.run([*GANDIVA, "user", "add", "dee", "--home", str(home),
-                                  "--team", "nope"], capture_output=True, text=True)
-        assert missing.returncode != 0 and "no team 'nope'" in missing.stderr + missing.stdout
+        assert bad.exit_code == 2 and "tickets" in bad.output
+        missing = gandiva("user", "add", "dee", "--home", str(home), "--team", "nope")
+        assert missing.exit_code != 0 and "no team 'nope'" in missing.output

@@ -3,13 +3,11 @@
 (``server/usage.py``), served as ``GET /v1/usage`` and printed by ``gandiva usage``."""
 
 import json
-import shutil
-import threading
 import time
 from datetime import UTC, datetime
 
 import pytest
-from waiting import until
+from serving import in_process
 
 from gandiva.accounting import JobUse, account
 from gandiva.shares import Shares
@@ -78,37 +76,10 @@ for step in job.steps(1_000_000):
 @pytest.fixture
 def served(zygote, tmp_path):
     """A server's parts on one slot, time-sliced in 5 s turns, behind a real uvicorn."""
-    import uvicorn
-    from fastapi.testclient import TestClient
-
-    from gandiva.backends.driver import Driver
-    from gandiva.policies import make_policy
-    from gandiva.server.app import Service, create_app
-    from gandiva.server.store import Store
-
-    store = Store(str(tmp_path / "gandiva.db"))
-    backend = Driver(make_policy("slicer:quantum=5"), tmp_path / "work", slots=1,
-                     zygote=zygote)
-    service = Service(store, backend, tmp_path / "base")
-    loop = threading.Thread(target=backend.run, kwargs={"until_idle": False})
-    loop.start()
-    tokens = {n: store.add_user(n, admin=(n == "root")) for n in ("ada", "bob", "root")}
-    for who in ("ada", "bob"):
-        home = service.user_dir(store.principal(tokens[who]))
-        home.mkdir(parents=True)
-        (home / "paced.py").write_text(PACED)
-    app = create_app(service)
-    server = uvicorn.Server(uvicorn.Config(app, port=0, log_level="warning"))
-    web = threading.Thread(target=server.run, daemon=True)
-    web.start()
-    until(lambda: server.started, 60, "uvicorn to start")
-    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    yield TestClient(app), tokens, url
-    server.should_exit = True
-    web.join(timeout=10)
-    backend.stop()
-    loop.join(timeout=30)
-    shutil.rmtree(tmp_path / "work", ignore_errors=True)
+    with in_process(tmp_path / "home", zygote, policy="slicer:quantum=5") as server:
+        for who in ("ada", "bob"):
+            (server.home / "users" / who / "paced.py").write_text(PACED)
+        yield server.client, server.tokens, server.url
 
 
 def iso(t: float) -> str:
