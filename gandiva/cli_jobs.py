@@ -255,6 +255,8 @@ def register(app: typer.Typer, user_app: typer.Typer, team_app: typer.Typer) -> 
             console.print(f"place in line: {why['queue_position']}")
         if why["needs"]:
             console.print(f"to start it needs: {escape(why['needs'])}")
+        if why.get("share"):
+            console.print(escape(why["share"]))
 
     @user_app.command("list")
     def user_list(url: Url = None, token: Token = None, as_json: Json = False) -> None:

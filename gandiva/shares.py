@@ -24,10 +24,11 @@ def priority_class(priority: int) -> int:
 @dataclass(frozen=True)
 class Shares:
     """Teams' tickets, and each user's team and tickets inside it. A user with no entry is a
-    team of its own with one ticket."""
+    team of its own with one ticket. ``quotas``: GPUs a team is guaranteed (none: 0)."""
 
     teams: Mapping[str, float] = field(default_factory=dict)
     users: Mapping[str, tuple[str, float]] = field(default_factory=dict)
+    quotas: Mapping[str, int] = field(default_factory=dict)
 
     def of(self, user: str) -> tuple[str, float, float]:
         """(team, the team's tickets, the user's tickets inside it)."""

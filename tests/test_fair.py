@@ -112,3 +112,23 @@ def test_the_admins_class_above_the_ceiling_goes_before_every_share():
     result, _ = run(jobs, "gandiva:fair", "1x1")
     assert jct_h(result, "urgent") < 2.1  # alone, at once
     assert jct_h(result, "a") > 5.9
+
+
+def test_a_teams_quota_is_taken_back_from_borrowers_at_the_next_round_and_kept():
+    # guests borrow all four GPUs; the owners' three jobs come an hour later: at the next
+    # round (a quantum: 60 s) they run, guests' jobs suspended, and they keep their three
+    guests = [JobSpec(f"g{i}", 0, 1, "resnet50", user="gus", duration=10 * HOUR)
+              for i in range(4)]
+    owners = [JobSpec(f"o{i}", HOUR + 7, 1, "resnet50", user="olga", duration=2 * HOUR)
+              for i in range(3)]
+    shares = Shares({"owners": 1, "guests": 1}, {"olga": ("owners", 1), "gus": ("guests", 1)},
+                    {"owners": 3})
+    result, _ = run(guests + owners, "gandiva:fair", "1x4", shares)
+    for r in result.jobs:
+        if r.spec.user == "olga":
+            assert r.start - r.spec.submit_time <= 60
+            assert jct_h(result, r.spec.id) < 2 + 2 / 60  # never given back: ran throughout
+    # without the quota the owners share by tickets: two GPUs for three jobs, taking turns
+    result, _ = run(guests + owners, "gandiva:fair", "1x4",
+                    Shares(shares.teams, shares.users))
+    assert max(jct_h(result, f"o{i}") for i in range(3)) > 2.5

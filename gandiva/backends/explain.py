@@ -263,7 +263,8 @@ class Seen:
         ``devices`` are the loop's latest (its record); the snapshot adds details at most a
         snapshot old (who shares a device, the queue). ``shown``: how another job is named
         to whoever asks (a server names no other user's job)."""
-        out = {"state": state, "reason": "", "queue_position": None, "needs": None}
+        out = {"state": state, "reason": "", "queue_position": None, "needs": None,
+               "share": None}
         if state in TERMINAL:
             out["reason"] = reason or f"the job is {state}"
             return out
@@ -296,4 +297,29 @@ class Seen:
                              f"{seen.devices} free now"
                              + (f"; {out['queue_position']} in line"
                                 if out["queue_position"] else ""))
+        out["share"] = self.share(job_id)
         return out
+
+    def share(self, job_id: str) -> str | None:
+        """Where the job's team stands against its quota (None where no team has one)."""
+        shares = self.cluster.shares
+        job = self.cluster.jobs.get(job_id)
+        if not shares.quotas or job is None:
+            return None
+        team = shares.of(job.spec.user)[0]
+        quota = shares.quotas.get(team, 0)
+        held = 0.0
+        for jobs in self.snapshot.on:
+            for j in jobs:
+                other = self.cluster.jobs.get(j)
+                if other is not None and shares.of(other.spec.user)[0] == team:
+                    held += 1 / len(jobs)
+        name = team if team in shares.teams else "you, in no team"
+        if held > quota + 1e-9:
+            return (f"your team ({name}) is over its quota: {held:g} of {quota} GPUs, "
+                    f"borrowed; taken back first when a team under its quota needs them")
+        if quota:
+            return (f"your team ({name}) holds {held:g} of its {quota} guaranteed GPUs: a "
+                    "job of it within the quota takes a borrowed GPU back at the next round")
+        return (f"your team ({name}) has no quota: it runs on idle GPUs, borrowed, taken "
+                "back first when a team under its quota needs them")

@@ -220,6 +220,8 @@ class Explanation(BaseModel):
     needs: str | None
     # decided, and not yet confirmed by its node: starting, suspending, resuming, moving...
     transition: str | None = None
+    # where the job's team stands against its quota (none: no team has a quota)
+    share: str | None = None
 
 
 class WhoAmI(BaseModel):

@@ -483,10 +483,12 @@ class Store:
         """Teams' tickets and each user's team and tickets, for the policy; a user in no
         team is a team of its own."""
         with Session(self.engine) as s:
-            teams = {t.id: (t.name, float(t.tickets)) for t in s.scalars(select(Team))}
+            rows = list(s.scalars(select(Team)))
+            teams = {t.id: (t.name, float(t.tickets)) for t in rows}
             users = {u.name: (teams[u.team_id][0], float(u.tickets))
                      for u in s.scalars(select(User)) if u.team_id in teams}
-        return Shares(dict(teams.values()), users)
+        return Shares(dict(teams.values()), users, {t.name: t.quota_gpus for t in rows
+                                                    if t.quota_gpus})
 
     def team(self, name: str) -> TeamView:
         found = [t for t in self.teams() if t.name == name]

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from gandiva import events as E
 from gandiva.policies.gandiva.framework import Cycle, Mechanism, ignores_samples
 from gandiva.policies.gandiva.shared import Decision, Shared
-from gandiva.shares import Shares
+from gandiva.shares import Shares, priority_class
 from gandiva.state import Cluster, Job
 
 # the user's pass is added at this weight to the team's: one number, ordered team first (a
@@ -31,7 +31,7 @@ class FairShare(Mechanism):
     may_change = ignores_samples
 
     def __init__(self, shared: Shared) -> None:
-        shared.classes = True  # priority orders a user's own jobs only (``Shared.rank``)
+        shared.tier, shared.rank = self.tier, self.rank  # priority: a user's own jobs only
         self.shares = Shares()
         self.used: dict[str, float] = {}  # team -> GPU-seconds received
         self.user_used: dict[str, float] = {}  # user -> GPU-seconds received
@@ -40,6 +40,7 @@ class FairShare(Mechanism):
         self.owner: dict[str, tuple[str, str]] = {}  # job -> (team, user)
         self.holding: dict[str, float] = {}  # team -> GPUs held since ``since``
         self.user_holding: dict[str, float] = {}
+        self.held_by: dict[str, float] = {}  # job -> GPUs it held at the last decision
         self.since = 0.0
 
     def observe(self, cluster: Cluster, event: E.Event, cycle: Cycle) -> Decision[None]:
@@ -70,12 +71,15 @@ class FairShare(Mechanism):
         """What each team and user holds until the next event (charged then)."""
         holding: dict[str, float] = defaultdict(float)
         user_holding: dict[str, float] = defaultdict(float)
+        held_by = {}
         for jid in cluster.running:
             team, user = self.owner.get(jid, ("", ""))
             gpus = sum(1.0 / len(cluster.gpus[g].jobs) for g in cluster.jobs[jid].gpus)
             holding[team] += gpus
             user_holding[user] += gpus
+            held_by[jid] = gpus
         self.holding, self.user_holding = dict(holding), dict(user_holding)
+        self.held_by = held_by
         return
         yield
 
@@ -87,6 +91,26 @@ class FairShare(Mechanism):
         user_pass = (self.user_used.get(user, 0.0) + self.user_holding.get(user, 0.0) * dt) \
             / self._user_tickets(user)
         return team_pass + USER_WEIGHT * user_pass
+
+    def tier(self, job: Job) -> int:
+        """Across users: the priority class, then whether the job's team, with it running,
+        stays within its quota (guaranteed: a borrowing job gives way to it at the next
+        round, suspended, never killed)."""
+        return 2 * priority_class(job.priority) + self.guaranteed(job)
+
+    @staticmethod
+    def rank(job: Job) -> int:
+        return job.priority
+
+    def guaranteed(self, job: Job) -> bool:
+        """Does ``job``'s team, with it running, hold no more than its quota? (A team's
+        first jobs to run hold its quota; its others borrow, as other teams' do.)"""
+        team = self.owner.get(job.id, (self.shares.of(job.spec.user)[0], ""))[0]
+        quota = self.shares.quotas.get(team, 0)
+        if not quota:
+            return False
+        others = self.holding.get(team, 0.0) - self.held_by.get(job.id, 0.0)
+        return others + job.num_gpus <= quota + 1e-9
 
     def _charge(self, now: float) -> None:
         dt = now - self.since

@@ -10,7 +10,6 @@ from typing import TypeVar
 from gandiva import actions as A
 from gandiva.policies.gandiva.book import Book, Waiting
 from gandiva.policies.gandiva.timers import Timers
-from gandiva.shares import priority_class
 from gandiva.state import Cluster, Job, JobStatus
 
 T = TypeVar("T")
@@ -32,18 +31,13 @@ class Shared:
     changes: int = 0
     # the mechanisms' ``filter`` hooks: asked wherever a job gets a server, moves included
     filters: list[Callable[[Job, int, Cluster], bool]] = field(default_factory=list)
-    # under fair shares (``fair.py``) a job's priority orders it only among its user's jobs;
-    # across users only its class does (``shares.priority_class``)
-    classes: bool = False
-
-    def tier(self, job: Job) -> int:
-        """What orders ``job`` against other users' jobs: its priority, or under fair shares
-        its class. (Its priority then orders it after the shares, ``rank``.)"""
-        return priority_class(job.priority) if self.classes else job.priority
-
-    def rank(self, job: Job) -> int:
-        """What orders ``job`` among its user's jobs after the mechanisms' ``order``."""
-        return job.priority if self.classes else 0
+    # what orders a job against other users' jobs, first (a job is never displaced by one of
+    # a lower tier): its priority; under fair shares (``fair.py``) its class, then whether its
+    # team's quota guarantees it
+    tier: Callable[[Job], int] = field(default=lambda job: job.priority)
+    # what orders a job among its user's jobs after the mechanisms' ``order``: nothing; under
+    # fair shares its priority
+    rank: Callable[[Job], int] = field(default=lambda job: 0)
 
     def allows(self, job: Job, server: int, cluster: Cluster) -> bool:
         """May ``job`` go on ``server``, by every mechanism's filter?"""

@@ -454,7 +454,7 @@ function renderDetail(id, events, explain) {
   $("#detail-title").textContent = job ? `${id} · ${job.name} (${job.state})` : id;
   const where = explain.queue_position ? ` (number ${explain.queue_position} in line)` : "";
   $("#explain").replaceChildren(el("span", { class: `state ${explain.state}` }, explain.state),
-    ` ${explain.reason}${where}`);
+    ` ${explain.reason}${where}`, ...(explain.share ? [el("br"), explain.share] : []));
   const finished = events.find((e) => FINISHED.has(e.kind));
   const end = finished ? finished.at : Math.max(Date.now() / 1000,
     ...events.map((e) => e.at));
