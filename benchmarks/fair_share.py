@@ -8,7 +8,7 @@ Workloads:
 - ``philly-week``: the busiest week of the Philly job list (the 7 days from a day's start with
   the most GPU-hours submitted) on 48 servers of 4 (its jobs ask for 173 GPUs on average over
   the week: 192 keeps it contended, as shares need), its virtual clusters as users, grouped into
-  teams by ``PHILLY_TEAMS`` (by size: the biggest VC alone, the next two, the next three, the
+  teams by ``examples/teams.yaml`` (by size: the biggest VC alone, the next two, the next three, the
   other nine), equal tickets.
 - ``alice-bob``: the issue's case: alice submits eight 10-hour jobs, bob one a minute later, on
   one 4-GPU server.
@@ -31,6 +31,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -39,22 +40,17 @@ from paper.common import kept_stem  # noqa: E402
 
 from gandiva.fairness import report  # noqa: E402
 from gandiva.metrics import summarize  # noqa: E402
-from gandiva.shares import Shares  # noqa: E402
+from gandiva.shares import Shares, read_teams  # noqa: E402
 from gandiva.sim.engine import SimConfig  # noqa: E402
 from gandiva.sim.run import simulate  # noqa: E402
 from gandiva.spec import JobSpec, Trace  # noqa: E402
 from gandiva.traces import load_trace  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("las", "gandiva", "gandiva:fair")
 HOUR, DAY = 3600.0, 86400.0
 # the Philly list's 15 virtual clusters by jobs, most first, in four teams
-PHILLY_TEAMS = {
-    "t1": ("vc_6214e9",),
-    "t2": ("vc_11cb48", "vc_6c71a0"),
-    "t3": ("vc_b436b2", "vc_103959", "vc_ee9e8c"),
-    "t4": ("vc_0e4a51", "vc_ed69ec", "vc_7f04ca", "vc_2869ce", "vc_e13805", "vc_23dbec",
-           "vc_51b7ef", "vc_795a4c", "vc_925e2b"),
-}
+PHILLY_TEAMS = read_teams(yaml.safe_load((ROOT / "examples" / "teams.yaml").read_text()))
 
 
 def three_teams() -> tuple[Trace, str, Shares]:
@@ -78,9 +74,8 @@ def philly_week() -> tuple[Trace, str, Shares]:
     jobs = [JobSpec(j.id, j.submit_time - lo, j.num_gpus, j.model, user=j.user,
                     duration=j.duration, priority=j.priority)
             for j in trace.jobs if lo <= j.submit_time < hi]
-    users = {vc: (team, 1.0) for team, vcs in PHILLY_TEAMS.items() for vc in vcs}
     return (Trace(f"philly-week@{start}d", jobs, reference_gpu=trace.reference_gpu),
-            "48x4", Shares(dict.fromkeys(PHILLY_TEAMS, 1.0), users))
+            "48x4", PHILLY_TEAMS)
 
 
 def alice_bob() -> tuple[Trace, str, Shares]:

@@ -87,11 +87,17 @@ def simulate(
     seed: Annotated[int, typer.Option(help="Seed for model assignment, noise and policies")] = 0,
     out: Annotated[Path | None, typer.Option(help="Directory for report.html and plots")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write metrics as JSON")] = None,
+    teams: Annotated[Path | None, typer.Option(help="Teams file (YAML): teams' tickets and "
+                                               "quotas, users' teams; with it, each user's "
+                                               "share against fair is reported "
+                                               "(examples/teams.yaml)")] = None,
 ) -> None:
     """Replay TRACE under each policy on a simulated cluster and compare them."""
+    from gandiva.fairness import report
     from gandiva.metrics import summarize
     from gandiva.policies import make_policy
     from gandiva.report import COLUMNS, fmt, write_report
+    from gandiva.sim.engine import SimConfig
     from gandiva.sim.run import simulate as run_sim
     from gandiva.state import Cluster
     from gandiva.traces import TraceError, load_trace
@@ -104,6 +110,15 @@ def simulate(
             raise fail(f"--window: cannot read {window!r}; write START:END in seconds") from None
         win = (start, end)
     policies = [p.strip() for p in policy.split(",") if p.strip()]
+    shares = None
+    if teams is not None:
+        import yaml
+
+        from gandiva.shares import read_teams
+        try:
+            shares = read_teams(yaml.safe_load(teams.read_text()), str(teams))
+        except (OSError, yaml.YAMLError, ValueError) as e:
+            raise fail(str(e)) from None
     try:
         for p in policies:
             make_policy(p, seed)
@@ -128,7 +143,8 @@ def simulate(
         t0 = time.perf_counter()
         try:
             res = run_sim(loaded, p, cluster=cluster, gpu_type=gpu_type, seed=seed,
-                          on_progress=bar)
+                          on_progress=bar, shares=shares,
+                          config=SimConfig(timeline=True) if shares else None)
         except ValueError as e:
             raise fail(f"{p}: {e}") from None
         finally:
@@ -136,6 +152,8 @@ def simulate(
         results[p] = res
         summaries[p] = summarize(res) | {"wall_s": time.perf_counter() - t0,
                                          "left_out": len(loaded.jobs) - len(res.jobs)}
+        if shares is not None:
+            summaries[p]["fairness"] = report(res, shares)
 
     table = Table(title=f"{loaded.name}: {len(loaded.jobs):,} jobs on {cluster}")
     table.add_column("metric")
@@ -154,6 +172,21 @@ def simulate(
             widths.add_row(p, w, f"{d['jobs']:,}", *(fmt(d[k], "duration") for k in (
                 "mean_jct_s", "queue_s", "sliced_out_s", "running_s", "stalled_s", "alone_s")))
     console.print(widths)
+    if shares is not None:
+        fair = Table(title="shares: each team's GPU-hours received against its fair share; "
+                           "(user, hour) pairs within 10% of theirs")
+        for col in ("policy", "within 10%", "Jain", "worst pair", "teams received/fair"):
+            fair.add_column(col, justify="left" if col == "teams received/fair" else "right")
+        for p, s in summaries.items():
+            f = s["fairness"]
+            worst = f["worst"]
+            fair.add_row(p, f"{f['within']:.0%}", f"{f['jain']:.3f}",
+                         "-" if worst is None else f"{worst['user']}: "
+                         f"{worst['received_gpu_h']:.1f} of {worst['fair_gpu_h']:.1f} GPU-h",
+                         ", ".join(f"{t} {v['received_gpu_h'] / v['fair_gpu_h']:.2f}"
+                                   for t, v in sorted(f["teams"].items())
+                                   if v["fair_gpu_h"] > 0))
+        console.print(fair)
     for note in sorted({n for r in results.values() for n in r.notes}):
         console.print(f"[dim]note: {note}[/]")
 

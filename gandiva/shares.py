@@ -76,3 +76,45 @@ def fair_shares(capacity: float, demand: Mapping[str, float], shares: Shares
     return out
 
 
+def read_teams(data: object, source: str = "teams file") -> Shares:
+    """A ``Shares`` from a teams file's data (``gandiva simulate --teams``)::
+
+        teams:
+          vision: {tickets: 3, quota_gpus: 8}
+          speech: {}                 # one ticket, no quota
+        users:
+          ada: vision                # a user's team (one ticket inside it)
+          bo: {team: vision, tickets: 2}
+
+    ValueError naming the field and what to write."""
+    def fail(field: str, what: str) -> ValueError:
+        return ValueError(f"{source}: {field}: {what}")
+
+    def number(value: object, field: str, least: float) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < least:
+            raise fail(field, f"{value!r}: give a number of at least {least:g}")
+        return float(value)
+
+    if not isinstance(data, dict) or set(data) - {"teams", "users"}:
+        raise fail("(top)", "a mapping with 'teams' and 'users'")
+    teams: dict[str, float] = {}
+    quotas: dict[str, int] = {}
+    for name, spec in (data.get("teams") or {}).items():
+        spec = spec or {}
+        if not isinstance(spec, dict) or set(spec) - {"tickets", "quota_gpus"}:
+            raise fail(f"teams.{name}", "a mapping of tickets and quota_gpus")
+        teams[str(name)] = number(spec.get("tickets", 1), f"teams.{name}.tickets", 1)
+        if spec.get("quota_gpus") is not None:
+            quotas[str(name)] = int(number(spec["quota_gpus"], f"teams.{name}.quota_gpus", 0))
+    users: dict[str, tuple[str, float]] = {}
+    for name, spec in (data.get("users") or {}).items():
+        if isinstance(spec, str):
+            spec = {"team": spec}
+        if not isinstance(spec, dict) or "team" not in spec or set(spec) - {"team", "tickets"}:
+            raise fail(f"users.{name}", "a team's name, or a mapping of team and tickets")
+        if spec["team"] not in teams:
+            raise fail(f"users.{name}.team", f"no team {spec['team']!r} under teams")
+        users[str(name)] = (str(spec["team"]), number(spec.get("tickets", 1),
+                                                      f"users.{name}.tickets", 1))
+    return Shares(teams, users, quotas)
+

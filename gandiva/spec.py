@@ -46,6 +46,7 @@ class JobSpec:
     priority: int = 0
     min_gpus: int | None = None
     max_gpus: int | None = None
+    checkpoints: bool = True  # False: never placed on borrowed GPUs (a quota's, fair.py)
 
     @property
     def elastic(self) -> bool:

@@ -253,6 +253,34 @@ def test_policies_lists_the_baselines_with_their_parameters():
     assert re.search(r"\blas queue_limits=\(3600\.0, 36000\.0\)", text)
 
 
+# ---- teams: shares reported ---------------------------------------------------------------
+
+def test_simulate_with_a_teams_file_reports_each_teams_share_and_a_bad_one_names_the_field(
+        tmp_path):
+    jobs = "job_id,submit_time,num_gpus,duration,model,user\n" + "".join(
+        f"a{i},0,1,7200,resnet50,alice\n" for i in range(8)) + "b,60,1,7200,resnet50,bob\n"
+    trace = write(tmp_path / "ab.csv", jobs)
+    teams = write(tmp_path / "teams.yaml", "teams: {red: {tickets: 1}, blue: {}}\n"
+                  "users: {alice: red, bob: {team: blue, tickets: 1}}\n")
+    out = tmp_path / "m.json"
+    res = invoke("simulate", trace, "--policy", "gandiva,gandiva:fair", "--cluster", "1x4",
+                 "--teams", teams, "--json", out)
+    assert res.exit_code == 0, res.output
+    assert "shares: each team" in flat(res.stdout) and "blue 1.0" in flat(res.stdout)
+    fair = read_json(out)["policies"]["gandiva:fair"]["fairness"]
+    unfair = read_json(out)["policies"]["gandiva"]["fairness"]
+    assert set(fair["teams"]) == {"red", "blue"}
+    assert fair["within"] > unfair["within"]
+    blue = fair["teams"]["blue"]
+    assert blue["received_gpu_h"] == pytest.approx(blue["fair_gpu_h"], rel=0.05)
+    for text, says in (("teams: {red: {tickets: 0}}", "teams.red.tickets: 0"),
+                       ("teams: {red: {}}\nusers: {alice: green}", "users.alice.team: no team"),
+                       ("teams: {red: {quota: 2}}", "teams.red: a mapping of tickets")):
+        res = invoke("simulate", trace, "--policy", "gandiva:fair", "--cluster", "1x4",
+                     "--teams", write(tmp_path / "bad.yaml", text))
+        assert res.exit_code != 0 and says in flat(res.output), res.output
+
+
 # ---- our own CSV format, numbers by hand --------------------------------------------------
 
 def test_own_csv_trace_gives_hand_computed_metrics(tmp_path):

@@ -132,3 +132,16 @@ def test_a_teams_quota_is_taken_back_from_borrowers_at_the_next_round_and_kept()
     result, _ = run(guests + owners, "gandiva:fair", "1x4",
                     Shares(shares.teams, shares.users))
     assert max(jct_h(result, f"o{i}") for i in range(3)) > 2.5
+
+
+def test_a_job_that_cannot_checkpoint_runs_within_its_teams_quota_never_on_borrowed_gpus():
+    shares = Shares({"owners": 1, "guests": 1}, {"olga": ("owners", 1), "gus": ("guests", 1)},
+                    {"owners": 1})
+    jobs = [JobSpec("own", 0, 1, "resnet50", user="olga", duration=HOUR, checkpoints=False),
+            JobSpec("own2", 0, 1, "resnet50", user="olga", duration=HOUR, checkpoints=False),
+            JobSpec("guest", 0, 1, "resnet50", user="gus", duration=HOUR, checkpoints=False),
+            JobSpec("ok", 0, 1, "resnet50", user="gus", duration=HOUR)]
+    result, _ = run(jobs, "gandiva:fair", "1x4", shares)
+    start = {r.spec.id: r.start for r in result.jobs}
+    assert start["own"] == 0 and start["ok"] == 0  # within the quota; one that checkpoints
+    assert start["own2"] >= HOUR and start["guest"] is None  # past the quota; borrowed: never

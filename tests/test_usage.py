@@ -113,6 +113,8 @@ def test_two_jobs_sliced_on_one_slot_for_30_s_are_charged_15_each_borrowed_and_l
                               "team", "--json", "--url", url, "--token", tokens["root"]])
     assert out.exit_code == 0, out.output
     teams = {r["name"]: r for r in json.loads(out.output)["rows"]}
+    print({t: {k: r[k] for k in ("allocated_gpu_s", "borrowed_gpu_s", "lent_gpu_s")}
+           for t, r in teams.items()})
     for team in ("owners", "guests"):  # half the slot each, less the switches
         assert 14 <= teams[team]["allocated_gpu_s"] <= 16, teams
     assert teams["guests"]["borrowed_gpu_s"] == pytest.approx(

@@ -316,10 +316,15 @@ class Seen:
                     held += 1 / len(jobs)
         name = team if team in shares.teams else "you, in no team"
         if held > quota + 1e-9:
-            return (f"your team ({name}) is over its quota: {held:g} of {quota} GPUs, "
+            said = (f"your team ({name}) is over its quota: {held:g} of {quota} GPUs, "
                     f"borrowed; taken back first when a team under its quota needs them")
-        if quota:
-            return (f"your team ({name}) holds {held:g} of its {quota} guaranteed GPUs: a "
+        elif quota:
+            said = (f"your team ({name}) holds {held:g} of its {quota} guaranteed GPUs: a "
                     "job of it within the quota takes a borrowed GPU back at the next round")
-        return (f"your team ({name}) has no quota: it runs on idle GPUs, borrowed, taken "
-                "back first when a team under its quota needs them")
+        else:
+            said = (f"your team ({name}) has no quota: it runs on idle GPUs, borrowed, taken "
+                    "back first when a team under its quota needs them")
+        if not job.spec.checkpoints:
+            said += ("; this job cannot checkpoint (checkpoints: false): it runs only within "
+                     "its team's quota, never on borrowed GPUs")
+        return said

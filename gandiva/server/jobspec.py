@@ -120,6 +120,10 @@ class JobRequest(BaseModel):
                     "first job instead of making another (safe retries)")
     # sizes a validator checks, declared here for the document
     model: str = Field(default="unknown", max_length=MAX_TEXT)
+    checkpoints: bool = Field(
+        default=True, description="false: the job cannot checkpoint (a script without the "
+        "gandiva library or a framework integration): it runs only within its team's quota, "
+        "never on GPUs borrowed from another team's")
 
     @model_validator(mode="before")
     @classmethod

@@ -40,7 +40,8 @@ def to_scheduler(job_id: str, req: JobRequest, cwd: Path, account: Account | Non
         command[0] = "{python}"
     spec = JobSpec(job_id, 0.0, req.gpus, req.model, user=user, priority=req.priority,
                    min_gpus=req.elastic.min if req.elastic else None,
-                   max_gpus=req.elastic.max if req.elastic else None)
+                   max_gpus=req.elastic.max if req.elastic else None,
+                   checkpoints=req.checkpoints)
     return spec, Launch(command, cwd=cwd, env=dict(req.env), account=account)
 
 

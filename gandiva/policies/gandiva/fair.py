@@ -102,6 +102,11 @@ class FairShare(Mechanism):
     def rank(job: Job) -> int:
         return job.priority
 
+    def permit(self, job: Job, cluster: Cluster) -> bool:
+        """A job that cannot checkpoint runs only within its team's quota, where quotas
+        exist: it could not give borrowed GPUs back."""
+        return job.spec.checkpoints or not self.shares.quotas or self.guaranteed(job)
+
     def guaranteed(self, job: Job) -> bool:
         """Does ``job``'s team, with it running, hold no more than its quota? (A team's
         first jobs to run hold its quota; its others borrow, as other teams' do.)"""
