@@ -75,12 +75,21 @@ def shares_of(jobs: list[JobUse]) -> dict[str, list[tuple[float, float, float]]]
             for d in devices:
                 on[d].append((start, end, job.id))
     pieces: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-    for intervals in on.values():
-        cuts = sorted({t for s, e, _ in intervals for t in (s, e)})
-        for a, b in zip(cuts, cuts[1:], strict=False):
-            holders = [j for s, e, j in intervals if s <= a and e >= b]
-            for j in holders:
-                pieces[j].append((a, b, 1.0 / len(holders)))
+    for intervals in on.values():  # a sweep over each device's starts and ends, in time order
+        edges = sorted((t, end, job) for s, e, job in intervals for t, end in ((s, 1), (e, 0)))
+        here: dict[str, int] = defaultdict(int)  # job -> intervals of it open (overlaps count)
+        last = None
+        for t, opens, job in edges:  # (at one time, ends come before starts)
+            if last is not None and t > last and here:
+                for j in here:
+                    pieces[j].append((last, t, 1.0 / len(here)))
+            if opens:
+                here[job] += 1
+            else:
+                here[job] -= 1
+                if not here[job]:
+                    del here[job]
+            last = t
     return pieces
 
 
@@ -89,7 +98,7 @@ def _used(pieces: list[tuple[float, float, float]], samples: list[tuple[float, f
     """(used, unmeasured) GPU-seconds of a job's pieces: each moment weighted by its latest
     utilisation sample."""
     used = unmeasured = 0.0
-    samples = sorted(samples)
+    samples = sorted(samples, key=lambda s: s[0])  # (stable: a batch's events share a time)
     for a, b, gpus in pieces:
         t = a
         util = next((u for s, u in reversed(samples) if s <= a), None)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 # the highest priority a team's member may give a job (-100 up to it); above it is the admins'
 # class, which alone orders jobs across teams before their shares (decision 0037)
 CEILING = 50
+PRIORITY_MAX = 100  # (and -100 the lowest: what a job spec allows)
 
 
 def priority_class(priority: int) -> int:

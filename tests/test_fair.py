@@ -145,3 +145,19 @@ def test_a_job_that_cannot_checkpoint_runs_within_its_teams_quota_never_on_borro
     start = {r.spec.id: r.start for r in result.jobs}
     assert start["own"] == 0 and start["ok"] == 0  # within the quota; one that checkpoints
     assert start["own2"] >= HOUR and start["guest"] is None  # past the quota; borrowed: never
+
+
+def test_a_quota_is_held_by_the_teams_jobs_in_arrival_order_as_many_as_fit():
+    # quota 4, two 4-GPU jobs: the first holds it throughout, the second borrows (counted
+    # one by one, neither would fit beside the other, and both would lose the quota)
+    guests = [JobSpec(f"g{i}", 0, 1, "resnet50", user="gus", duration=10 * HOUR)
+              for i in range(8)]
+    owners = [JobSpec(f"o{i}", HOUR + i, 4, "resnet50", user="olga", duration=2 * HOUR)
+              for i in range(2)]
+    shares = Shares({"owners": 1, "guests": 1}, {"olga": ("owners", 1), "gus": ("guests", 1)},
+                    {"owners": 4})
+    result, _ = run(guests + owners, "gandiva:fair", "2x4", shares)
+    first = next(r for r in result.jobs if r.spec.id == "o0")
+    assert first.start - first.spec.submit_time <= 60
+    assert jct_h(result, "o0") < 2 + 2 / 60
+    assert jct_h(result, "o1") > jct_h(result, "o0")

@@ -157,6 +157,10 @@ def test_the_migration_clamps_members_unfinished_jobs_to_the_ceiling_with_an_eve
                 "INSERT INTO jobs (id, user_id, name, spec, state, reason, priority, "
                 "submitted_at) VALUES (:id, :user, :id, '{}', :state, '', :priority, 0)"),
                 {"id": job, "user": user, "state": state, "priority": priority})
+        for sweep, user in (("s-ada", 1), ("s-root", 2)):
+            conn.execute(text("INSERT INTO sweeps (id, user_id, name, spec, created_at) VALUES "
+                              "(:id, :user, 's', :spec, 0)"),
+                         {"id": sweep, "user": user, "spec": '{"name": "s", "priority": 80}'})
     engine.dispose()
     store = Store(db_url)
     root = store.owner("admin")
@@ -166,6 +170,9 @@ def test_the_migration_clamps_members_unfinished_jobs_to_the_ceiling_with_an_eve
     events = [(e.kind, e.data["from"], e.data["to"]) for e in store.events("high")]
     assert events == [("priority-clamped", 90, 50)]
     assert store.events("admin") == [] and store.events("done") == []
+    # a member's sweep would raise its trials from its own priority again: it comes down too
+    assert {r.id: r.spec["priority"] for r in store.sweeps(unfinished=False)} == \
+        {"s-ada": 50, "s-root": 80}
 
 
 def test_the_cli_makes_a_team_and_adds_a_user_to_it(zygote, tmp_path):

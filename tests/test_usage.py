@@ -58,6 +58,28 @@ def test_the_fair_share_is_water_filled_by_tickets_within_each_window():
     assert u.series[0][1]["b"] == pytest.approx((25, 50))
 
 
+def test_the_record_of_a_job_gives_its_intervals_a_restart_ends_what_it_held():
+    from gandiva.server.store import EventRow, JobRow
+    from gandiva.server.usage import job_use
+
+    row = JobRow(id="j", spec={"gpus": 2}, submitted_at=0.0)
+    events = [EventRow(at=at, kind=kind, data=data) for at, kind, data in (
+        (10, "running", {"devices": [0, 1]}), (15, "profile", {"utilization": None}),
+        (15, "done", {"utilization": 0.8}),  # one batch: one time; None sorts beside 0.8
+    )]
+    use = job_use(row, "ann", events, 100)
+    assert use.held == [(10, 15, (0, 1))] and use.demand == [(0, 15)]
+    account([use], Shares(), {}, 2, 0, 100)  # (samples of one time, one of them None)
+    events = [EventRow(at=at, kind=kind, data=data) for at, kind, data in (
+        (10, "running", {"devices": [0]}), (20, "stopped-for-shutdown", {}),
+        (1000, "requeued", {}), (1010, "running", {"devices": [1]}), (1020, "held", {}),
+        (1050, "released", {}), (1060, "migrated", {"devices": [0]}),
+        (1070, "cancelled", {}))]
+    use = job_use(row, "ann", events, 2000)
+    assert use.held == [(10, 20, (0,)), (1010, 1020, (1,)), (1060, 1070, (0,))]
+    assert use.demand == [(0, 1020), (1050, 1070)]
+
+
 # ---- on a server, real jobs ---------------------------------------------------------------
 
 pytest.importorskip("torch")
@@ -141,7 +163,9 @@ def test_two_jobs_sliced_on_one_slot_for_30_s_are_charged_15_each_borrowed_and_l
     assert len(held) == 2 and sum(held) <= 1.0
     assert 'gandiva_team_devices_fair{team="owners"} 0.5' in metrics
     assert 'gandiva_team_devices_fair{team="guests"} 0.5' in metrics
-    r = client.get("/v1/usage?since=yesterday", headers=root)
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "since"]
+    for query, field in (("since=yesterday", "since"), ("since=0001-01-01", "since"),
+                         ("window=" + "9" * 400, "window"), ("since=1h&window=1s", "window")):
+        r = client.get(f"/v1/usage?{query}", headers=root)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", field], query
     for job in ids:
         client.post(f"/v1/jobs/{job}/cancel", headers=root)

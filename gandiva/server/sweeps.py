@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gandiva.server.store import JobRow, SweepRow, TrialDecision, TrialRow
-from gandiva.shares import CEILING
+from gandiva.shares import CEILING, PRIORITY_MAX
 from gandiva.spec import TERMINAL, JobState
 from gandiva.sweep.rules import Verdict, judge, value_at
 from gandiva.sweep.spec import SweepSpec
@@ -290,7 +290,10 @@ class Sweeps:
         member's sweep starts under: its rungs order its own trials, not other users'), the
         event that says so, and why."""
         priority, kind, why = self._rule(trial, untried, leader)
-        return min(priority, max(trial.sweep.spec.priority, CEILING)), kind, why
+        # a sweep above the ceiling is an admin's (members' are refused, and migration 0007
+        # brought older ones down): its rungs go up to the top
+        cap = CEILING if trial.sweep.spec.priority <= CEILING else PRIORITY_MAX
+        return min(priority, cap), kind, why
 
     def _rule(self, trial: Trial, untried: bool, leader: Trial | None
               ) -> tuple[int, str, str]:

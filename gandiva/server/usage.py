@@ -10,6 +10,9 @@ from gandiva.server.store import EventRow, JobRow, Store
 from gandiva.spec import TERMINAL, JobState
 
 MOVES = ("migrated", "resized")  # running on, on other devices
+# its processes stopped with the server (or the server came back: a crash's held time runs to
+# the restart, the last the record can say)
+STOPPED = ("stopped-for-shutdown", "shutdown-timeout", "requeued")
 
 
 def job_use(row: JobRow, user: str, events: list[EventRow], until: float) -> JobUse:
@@ -21,7 +24,7 @@ def job_use(row: JobRow, user: str, events: list[EventRow], until: float) -> Job
     asking: float | None = row.submitted_at
     for e in events:
         state = LEAVES_IN.get(e.kind)
-        if holding is not None and (e.kind in MOVES or e.kind == "running"
+        if holding is not None and (e.kind in MOVES or e.kind == "running" or e.kind in STOPPED
                                     or (state is not None and state != JobState.RUNNING)):
             use.held.append((holding[0], e.at, holding[1]))
             holding = None

@@ -7,6 +7,7 @@ per window (the dashboard draws them). A member sees their own row and their own
 admin sees everyone's.
 """
 
+import math
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ from gandiva.server.store import Principal, Store
 from gandiva.server.usage import usage
 
 WINDOWS_MAX = 2000  # windows in one answer: ``window`` must be at least the period / this
+PERIOD_MAX_S = 400 * 86400.0  # how far back one question reaches (it reads every job's events)
 
 
 class UsageRow(BaseModel):
@@ -90,14 +92,18 @@ def routes(app: FastAPI, store: Store, capacity: Callable[[], int], Who: Any,
         """GPU-seconds allocated, used, borrowed and lent, and the fair share against what
         was received, by user or team (a member: their own and their team's)."""
         now = time.time()
-        start, end = moment(since, now, "since"), moment(until, now, "until") if until else now
+        start = moment(since, now, "since")
+        end = min(now, moment(until, now, "until")) if until else now  # (none of the future)
+        if not math.isfinite(start) or start < now - PERIOD_MAX_S:
+            raise unprocessable("since", f"at most {PERIOD_MAX_S / 86400:.0f} days ago",
+                                "query")
         if end <= start:
-            raise unprocessable("until", "must come after since", "query")
+            raise unprocessable("until", "must come after since, and not after now", "query")
         try:
             step = duration_s(window)
         except ValueError as e:
             raise unprocessable("window", str(e), "query") from None
-        if step <= 0 or (end - start) / step > WINDOWS_MAX:
+        if not math.isfinite(step) or step <= 0 or (end - start) / step > WINDOWS_MAX:
             raise unprocessable("window", f"at least the period / {WINDOWS_MAX} "
                                 f"({(end - start) / WINDOWS_MAX:.0f} s)", "query")
         u = usage(store, capacity(), start, end, step)

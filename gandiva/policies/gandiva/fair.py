@@ -16,11 +16,12 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable
 
+from gandiva import actions as A
 from gandiva import events as E
 from gandiva.policies.gandiva.framework import Cycle, Mechanism, ignores_samples
 from gandiva.policies.gandiva.shared import Decision, Shared
 from gandiva.shares import Shares, priority_class
-from gandiva.state import Cluster, Job
+from gandiva.state import Cluster, Job, JobStatus
 
 # the user's pass is added at this weight to the team's: one number, ordered team first (a
 # user pass of a million GPU-hours moves the sum by under 4 GPU-seconds of team pass)
@@ -41,6 +42,10 @@ class FairShare(Mechanism):
         self.holding: dict[str, float] = {}  # team -> GPUs held since ``since``
         self.user_holding: dict[str, float] = {}
         self.held_by: dict[str, float] = {}  # job -> GPUs it held at the last decision
+        # the jobs that hold their teams' quotas, with the GPUs each counts, and each team's
+        # sum: from the state at each decision's end, and the decision's own actions since
+        self.holds_quota: dict[str, float] = {}
+        self.quota_used: dict[str, float] = defaultdict(float)
         self.since = 0.0
 
     def observe(self, cluster: Cluster, event: E.Event, cycle: Cycle) -> Decision[None]:
@@ -62,6 +67,8 @@ class FairShare(Mechanism):
         yield
 
     def forget(self, job_id: str) -> None:
+        if job_id in self.holds_quota:
+            self.quota_used[self.owner[job_id][0]] -= self.holds_quota.pop(job_id)
         team, user = self.owner.pop(job_id, ("", ""))
         if team:
             self.jobs[team] -= 1
@@ -80,6 +87,10 @@ class FairShare(Mechanism):
             held_by[jid] = gpus
         self.holding, self.user_holding = dict(holding), dict(user_holding)
         self.held_by = held_by
+        self.holds_quota, self.quota_used = {}, defaultdict(float)
+        if self.shares.quotas:  # each team's running jobs in arrival order, while they fit
+            for jid in sorted(held_by, key=lambda j: cluster.jobs[j].seq):
+                self._take_quota(jid, held_by[jid])
         return
         yield
 
@@ -108,14 +119,33 @@ class FairShare(Mechanism):
         return job.spec.checkpoints or not self.shares.quotas or self.guaranteed(job)
 
     def guaranteed(self, job: Job) -> bool:
-        """Does ``job``'s team, with it running, hold no more than its quota? (A team's
-        first jobs to run hold its quota; its others borrow, as other teams' do.)"""
-        team = self.owner.get(job.id, (self.shares.of(job.spec.user)[0], ""))[0]
-        quota = self.shares.quotas.get(team, 0)
-        if not quota:
+        """Does ``job`` hold its team's quota, or would it, placed now? A team's running jobs
+        hold it in arrival order, as many as fit; a waiting job fits in what they leave. (Its
+        other jobs borrow, as other teams' do.)"""
+        if job.id in self.holds_quota:
+            return True
+        if job.status is JobStatus.RUNNING:
             return False
-        others = self.holding.get(team, 0.0) - self.held_by.get(job.id, 0.0)
-        return others + job.num_gpus <= quota + 1e-9
+        return self._fits(job.id, job.num_gpus)
+
+    def acted(self, action: A.JobAction) -> None:
+        """The decision's own placements take quota at once: the next job the scan looks at
+        sees it taken."""
+        if isinstance(action, (A.Place, A.Resume)) and self.shares.quotas:
+            self._take_quota(action.job_id, len(action.gpus))
+        elif isinstance(action, A.Suspend) and action.job_id in self.holds_quota:
+            team = self.owner[action.job_id][0]
+            self.quota_used[team] -= self.holds_quota.pop(action.job_id)
+
+    def _fits(self, job_id: str, gpus: float) -> bool:
+        team = self.owner.get(job_id, ("", ""))[0]
+        quota = self.shares.quotas.get(team, 0)
+        return bool(quota) and self.quota_used[team] + gpus <= quota + 1e-9
+
+    def _take_quota(self, job_id: str, gpus: float) -> None:
+        if job_id not in self.holds_quota and self._fits(job_id, gpus):
+            self.holds_quota[job_id] = gpus
+            self.quota_used[self.owner[job_id][0]] += gpus
 
     def _charge(self, now: float) -> None:
         dt = now - self.since

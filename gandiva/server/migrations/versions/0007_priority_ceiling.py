@@ -1,10 +1,12 @@
 """The priority ceiling: a member's unfinished job above it (set when any owner could give
-up to 100) comes down to it, with a ``priority-clamped`` event saying from what; admins'
-jobs keep theirs (above the ceiling is the admins' class, decision 0037).
+up to 100) comes down to it, with a ``priority-clamped`` event saying from what, and so does
+a member's sweep's priority (its rungs would raise its trials from it again); admins' jobs and
+sweeps keep theirs (above the ceiling is the admins' class, decision 0037).
 
 Revision ID: 0007
 """
 
+import json
 import time
 
 import sqlalchemy as sa
@@ -20,6 +22,15 @@ CEILING = 50  # gandiva.shares.CEILING, as it was when this ran
 
 def upgrade() -> None:
     bind = op.get_bind()
+    sweeps = bind.execute(sa.text(
+        "SELECT sweeps.id, sweeps.spec FROM sweeps JOIN users ON users.id = sweeps.user_id "
+        "WHERE NOT users.admin")).all()
+    table = sa.table("sweeps", sa.column("id", sa.String), sa.column("spec", sa.JSON))
+    for sweep_id, spec in sweeps:
+        spec = json.loads(spec) if isinstance(spec, str) else spec
+        if spec.get("priority", 0) > CEILING:
+            bind.execute(table.update().where(table.c.id == sweep_id).values(
+                spec={**spec, "priority": CEILING}))
     over = bind.execute(sa.text(
         "SELECT jobs.id, jobs.priority FROM jobs JOIN users ON users.id = jobs.user_id "
         "WHERE jobs.priority > :ceiling AND NOT users.admin AND jobs.state IN "
