@@ -99,6 +99,18 @@ def pytest_xdist_auto_num_workers(config) -> int:
             else os.cpu_count() or 1) + 1
 
 
+@pytest.fixture(autouse=True)
+def umask_kept():
+    """A test leaves its worker's umask as it found it: a CLI command run in-process sets its
+    own (``gandiva user add``: 0o077), and later tests on the worker then make files the jobs
+    they run as other accounts cannot read."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    after = os.umask(before)
+    assert after == before, f"the test left the umask at {after:#o} (it was {before:#o})"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def passable_to_jobs():
     """Run as root, a server runs each user's jobs as that user's account: the interpreter

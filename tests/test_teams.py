@@ -183,9 +183,13 @@ def test_the_cli_makes_a_team_and_adds_a_user_to_it(zygote, tmp_path):
     home = tmp_path / "home"
     with in_process(home, zygote, users=("ada",)) as server:
         def gandiva(*args: str):
-            return CliRunner().invoke(cli, [*args, *(
-                ["--url", server.url, "--token", server.tokens["root"]]
-                if args[:2] != ("user", "add") else [])])
+            umask = os.umask(0o022)
+            try:
+                return CliRunner().invoke(cli, [*args, *(
+                    ["--url", server.url, "--token", server.tokens["root"]]
+                    if args[:2] != ("user", "add") else [])])
+            finally:  # `user add` sets its process's umask (0o077): not this worker's, whose
+                os.umask(umask)  # later tests make files for jobs run as other accounts
 
         assert gandiva("team", "add", "vision", "--tickets", "3",
                        "--quota-gpus", "4").exit_code == 0
