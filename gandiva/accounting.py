@@ -76,19 +76,20 @@ def shares_of(jobs: list[JobUse]) -> dict[str, list[tuple[float, float, float]]]
                 on[d].append((start, end, job.id))
     pieces: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     for intervals in on.values():  # a sweep over each device's starts and ends, in time order
-        edges = sorted((t, end, job) for s, e, job in intervals for t, end in ((s, 1), (e, 0)))
+        edges = sorted((t, opens, jid) for s, e, jid in intervals
+                       for t, opens in ((s, 1), (e, 0)))
         here: dict[str, int] = defaultdict(int)  # job -> intervals of it open (overlaps count)
         last = None
-        for t, opens, job in edges:  # (at one time, ends come before starts)
+        for t, opens, jid in edges:  # (at one time, ends come before starts)
             if last is not None and t > last and here:
                 for j in here:
                     pieces[j].append((last, t, 1.0 / len(here)))
             if opens:
-                here[job] += 1
+                here[jid] += 1
             else:
-                here[job] -= 1
-                if not here[job]:
-                    del here[job]
+                here[jid] -= 1
+                if not here[jid]:
+                    del here[jid]
             last = t
     return pieces
 
@@ -119,8 +120,8 @@ def _used(pieces: list[tuple[float, float, float]], samples: list[tuple[float, f
     return used, unmeasured
 
 
-def _spread(into: dict[int, float], start: float, end: float, rate: float, origin: float,
-            window: float) -> None:
+def spread(into: dict[int, float], start: float, end: float, rate: float, origin: float,
+           window: float) -> None:
     """Add ``rate`` x the seconds of [start, end) to each window (from ``origin``)."""
     w = int((start - origin) // window)
     while start < end:
@@ -209,9 +210,9 @@ def _fair(jobs: list[JobUse], pieces: dict[str, list[tuple[float, float, float]]
     received: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     for j in jobs:
         for a, b in j.demand:
-            _spread(demand[j.user], a, b, j.gpus, since, window)
+            spread(demand[j.user], a, b, j.gpus, since, window)
         for a, b, g in pieces.get(j.id, []):
-            _spread(received[j.user], a, b, g, since, window)
+            spread(received[j.user], a, b, g, since, window)
     n = max(1, int((until - since + window - 1e-9) // window))
     series: Series = []
     user_series: Series = []

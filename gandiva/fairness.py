@@ -20,6 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from gandiva.accounting import spread
 from gandiva.metrics import ftf_rho
 from gandiva.shares import Shares, fair_shares
 from gandiva.sim.engine import SimResult
@@ -27,16 +28,6 @@ from gandiva.sim.engine import SimResult
 WINDOW_S = 3600.0
 TOLERANCE = 0.10
 LEAST_FAIR = 60.0  # GPU-seconds: a pair owed less is left out of the within-tolerance count
-
-
-def _spread(into: dict[int, float], start: float, end: float, rate: float,
-            window: float) -> None:
-    """Add ``rate`` x the seconds of [start, end) to each window they cover."""
-    w = int(start // window)
-    while start < end:
-        stop = min(end, (w + 1) * window)
-        into[w] += rate * (stop - start)
-        start, w = stop, w + 1
 
 
 @dataclass
@@ -57,11 +48,11 @@ def windows(result: SimResult, shares: Shares, window: float = WINDOW_S) -> Wind
     user_of = {r.spec.id: r.spec.user for r in result.jobs}
     demand: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     for r in result.jobs:
-        _spread(demand[r.spec.user], r.spec.submit_time,
-                r.finish if r.finish is not None else end, r.spec.num_gpus, window)
+        spread(demand[r.spec.user], r.spec.submit_time,
+               r.finish if r.finish is not None else end, r.spec.num_gpus, 0.0, window)
     received: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     for _, job, start, stop, shared in result.timeline:
-        _spread(received[user_of[job]], start, stop, 0.5 if shared else 1.0, window)
+        spread(received[user_of[job]], start, stop, 0.5 if shared else 1.0, 0.0, window)
     by_window: dict[int, dict[str, float]] = defaultdict(dict)
     for user, per in demand.items():
         for w, d in per.items():

@@ -4,6 +4,7 @@ migrated with every user in no team and one ticket."""
 
 import os
 import threading
+from contextlib import contextmanager
 
 import pytest
 from serving import in_process
@@ -112,7 +113,10 @@ def test_unknown_names_and_a_second_team_of_a_name_are_refused(api):
     assert client.get("/v1/teams", headers=root).json()[0]["members"] == []
 
 
-def test_a_database_made_before_teams_is_migrated_users_in_no_team(db_url):
+@contextmanager
+def at_revision(db_url: str, revision: str):
+    """A connection to a database migrated up to ``revision`` only (as an older server left
+    it); what the test writes on it is committed, then ``Store`` migrates it to the head."""
     from alembic import command
     from alembic.config import Config
 
@@ -124,10 +128,15 @@ def test_a_database_made_before_teams_is_migrated_users_in_no_team(db_url):
     engine = create_engine(db_url)
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0005")
+        command.upgrade(cfg, revision)
+        yield conn
+    engine.dispose()
+
+
+def test_a_database_made_before_teams_is_migrated_users_in_no_team(db_url):
+    with at_revision(db_url, "0005") as conn:
         conn.execute(text("INSERT INTO users (name, token_hash, admin, created_at, uid) "
                           "VALUES ('old', 'h', false, 0, 61184)"))
-    engine.dispose()
     store = Store(db_url)
     old = next(u for u in store.users() if u.name == "old")
     assert (old.team, old.tickets) == (None, 1)
@@ -136,18 +145,7 @@ def test_a_database_made_before_teams_is_migrated_users_in_no_team(db_url):
 
 
 def test_the_migration_clamps_members_unfinished_jobs_to_the_ceiling_with_an_event(db_url):
-    from alembic import command
-    from alembic.config import Config
-
-    from gandiva.server import store as store_module
-
-    cfg = Config()
-    cfg.set_main_option("script_location", os.path.join(os.path.dirname(
-        store_module.__file__), "migrations"))
-    engine = create_engine(db_url)
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0006")
+    with at_revision(db_url, "0006") as conn:
         conn.execute(text("INSERT INTO users (id, name, token_hash, admin, created_at, uid) "
                           "VALUES (1, 'ada', 'h1', false, 0, 61184), "
                           "(2, 'root', 'h2', true, 0, 61185)"))
@@ -161,7 +159,6 @@ def test_the_migration_clamps_members_unfinished_jobs_to_the_ceiling_with_an_eve
             conn.execute(text("INSERT INTO sweeps (id, user_id, name, spec, created_at) VALUES "
                               "(:id, :user, 's', :spec, 0)"),
                          {"id": sweep, "user": user, "spec": '{"name": "s", "priority": 80}'})
-    engine.dispose()
     store = Store(db_url)
     root = store.owner("admin")
     rows = {j: store.job(root, j) for j in ("high", "low", "done", "admin")}
