@@ -3,6 +3,7 @@
 
 import pytest
 
+from gandiva import actions as A
 from gandiva.fairness import report, windows
 from gandiva.shares import Shares, fair_shares, water_fill
 from gandiva.sim.engine import SimConfig
@@ -90,6 +91,35 @@ def test_the_forty_job_team_gets_no_more_than_its_share_of_the_three_team_mix():
     assert t["sweeps"]["received_gpu_h"] <= 1.05 * t["sweeps"]["fair_gpu_h"]
     assert t["solo"]["received_gpu_h"] >= 0.95 * t["solo"]["fair_gpu_h"]
     assert fair["jain"] > 0.95 and fair["within"] > unfair["within"] + 0.3
+
+
+def gang_waits(result, jid):
+    """The waits of job ``jid`` between its turns, from its arrival on (seconds)."""
+    waits, since = [], next(r.spec.submit_time for r in result.jobs if r.spec.id == jid)
+    for t, action, _ in result.actions:
+        if getattr(action, "job_id", None) != jid:
+            continue
+        if isinstance(action, A.Suspend):
+            since = t
+        elif isinstance(action, (A.Place, A.Resume)):
+            waits.append(t - since)
+    return waits
+
+
+def test_a_gang_that_waited_the_stated_time_reserves_its_servers_and_runs_at_the_next_round():
+    # on two servers of 4, 16 one-GPU jobs of two users; bob's 8-GPU gang needs both servers
+    # free of every job before it, and his own jobs, with less service, go before it
+    jobs = [JobSpec(f"{u}{i}", 0, 1, "resnet50", user=u, duration=10 * HOUR)
+            for u in ("alice", "bob") for i in range(8)]
+    jobs.append(JobSpec("gang", 60, 8, "resnet50", user="bob", duration=HOUR))
+    starved, _ = run(jobs, "gandiva:fair:fair.gang_wait=1e9", "2x4")
+    assert max(gang_waits(starved, "gang")) > 10 * HOUR
+    reserved, measured = run(jobs, "gandiva:fair", "2x4")  # fair.gang_wait: 1800 s
+    waits = gang_waits(reserved, "gang")
+    assert len(waits) > 10 and max(waits) <= 1800 + 60  # the wait, then the next round
+    assert jct_h(reserved, "gang") < jct_h(starved, "gang") - 3
+    # its turns are charged to bob: alice still gets her share
+    assert measured["users"]["alice"]["received_over_fair"] > 0.95
 
 
 def test_a_priority_orders_only_its_users_own_jobs_inside_the_users_share():

@@ -122,6 +122,7 @@ IDLE = [
     ("defrag", {"enabled": False}, "interval", 60.0, "defrag is on"),
     ("defrag", {"enabled": False}, "max_move_s", 5.0, "defrag is on"),
     ("elastic", {"enabled": False}, "grow_idle_s", 10.0, "elastic is on"),
+    ("fair", {"enabled": False}, "gang_wait", 600.0, "fair is on"),
 ]
 
 
@@ -338,6 +339,8 @@ DECIDES = {
         HERE, "test_elastic_grow_idle_s_is_how_long_gpus_stay_idle_before_a_grow"),
     "fair.enabled": (fair_tests, "test_a_user_who_comes_second_gets_a_share_at_once_not_after_"
                                  "the_first_users_jobs"),
+    "fair.gang_wait": (fair_tests, "test_a_gang_that_waited_the_stated_time_reserves_its_servers_"
+                                   "and_runs_at_the_next_round"),
 }
 
 

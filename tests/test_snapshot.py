@@ -113,3 +113,17 @@ def test_a_job_waiting_its_turn_is_explained_with_its_servers_height_and_the_qua
     why = seen.explain(waiting[0], JobState.SUSPENDED, "", ())["reason"]
     assert why == ("time-sliced: its server is over-subscribed (height 2.0); it runs at its "
                    "turn, in rounds of 10 s")
+
+
+def test_a_waiting_gang_under_fair_shares_is_told_when_it_reserves_its_servers():
+    from gandiva.spec import JobState
+
+    # two servers of 2 full of 1-GPU jobs: the 4-GPU gang gets both as its home and waits
+    sched, _ = drive("2x2", "gandiva:fair:fair.gang_wait=900",
+                     *[E.Arrival(float(i), job(f"j{i}", i, 1, 1000)) for i in range(4)],
+                     E.Arrival(5.0, job("gang", 5, 4, 1000)))
+    seen = Seen(sched.cluster, sched.policy, [f"gpu{g}" for g in range(4)])
+    assert sched.policy.book.home["gang"] == (0, 1)
+    why = seen.explain("gang", JobState.QUEUED, "", ())["reason"]
+    assert why.endswith("; a gang across 2 servers: after 900 s of waiting it reserves them "
+                        "and runs at the next round")

@@ -59,6 +59,11 @@ def quantum(policy: object) -> float | None:
     return policy.quantum if isinstance(policy, TimeSlices) else None
 
 
+def gang_wait(policy: object) -> float | None:
+    """After how long a waiting gang reserves its servers, under fair shares (else None)."""
+    return getattr(getattr(policy, "fair", None), "gang_wait", None)
+
+
 @dataclass(frozen=True)
 class Copy:
     changes: int
@@ -287,6 +292,9 @@ class Seen:
             out["reason"] = (f"time-sliced: its server is over-subscribed (height "
                              f"{max(seen.height[s] for s in home):.1f}); it runs at its "
                              f"turn{rounds}" if home else "suspended: it waits for its turn")
+            if home and len(home) > 1 and (wait := gang_wait(self.policy)) is not None:
+                out["reason"] += (f"; a gang across {len(home)} servers: after {wait:g} s of "
+                                  "waiting it reserves them and runs at the next round")
         elif job_id not in seen.jobs:
             out["reason"] = "submitted; the scheduler has not taken it up yet"
         else:

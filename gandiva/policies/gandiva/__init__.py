@@ -79,7 +79,7 @@ class Gandiva:
                          self._send_back) if c.admission.rule == "las" else Queue())
         self.defrag = (Defrag(s, c.defrag.interval, c.defrag.max_move_s,
                               c.placement.scan_depth) if c.defrag.enabled else None)
-        self.fair = FairShare(s) if c.fair.enabled else None
+        self.fair = FairShare(s, c.fair.gang_wait) if c.fair.enabled else None
         # the order hooks run in: some hooks' order decides (room is made by shrinking an
         # elastic job before displacing one; spreading is armed before locality moves)
         self.mechanisms: list[Mechanism] = [

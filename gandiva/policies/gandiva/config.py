@@ -161,6 +161,11 @@ class FairSettings(Section):
     """Fair shares by tickets: team, then user, then job (``fair.py``)."""
 
     enabled: bool = False
+    # seconds a gang across servers waits before it reserves them (decision 0039)
+    gang_wait: float = Field(1800.0, gt=0)
+
+    def idle(self) -> dict[str, str]:
+        return {} if self.enabled else {"gang_wait": "fair is on"}
 
 
 class Config(Section):

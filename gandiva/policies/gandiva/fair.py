@@ -9,10 +9,17 @@ it the user with the lowest, then that user's jobs by priority, then the slice o
 team (or user) that had no job in the cluster joins at the lowest pass of those that have one
 (stride scheduling's rule): time away is not saved up to spend later. A packed GPU charges
 each of its jobs half; a suspended job charges nothing. Tickets come from ``Cluster.shares``.
+
+A gang across servers runs only when no job before it took room on any of its servers, so a
+pass that is lowest now and then seldom seats it: narrower jobs fill the room first. One that
+has waited ``gang_wait`` seconds (since it arrived or was last suspended) reserves its servers:
+it goes first among its tier, the longest-waiting first, and takes its turn at the next round
+(it is charged for it as any job; decision 0039).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable
 
@@ -26,13 +33,19 @@ from gandiva.state import Cluster, Job, JobStatus
 # the user's pass is added at this weight to the team's: one number, ordered team first (a
 # user pass of a million GPU-hours moves the sum by under 4 GPU-seconds of team pass)
 USER_WEIGHT = 1e-9
+# a reserving gang's order: below any pass (a pass is GPU-seconds per ticket, under 1e13 on a
+# 10,000-GPU cluster over 30 years), by when it began to wait
+RESERVED = -1e15
 
 
 class FairShare(Mechanism):
     may_change = ignores_samples
 
-    def __init__(self, shared: Shared) -> None:
+    def __init__(self, shared: Shared, gang_wait: float = math.inf) -> None:
         shared.tier, shared.rank = self.tier, self.rank  # priority: a user's own jobs only
+        self.s = shared
+        self.gang_wait = gang_wait
+        self.waits_since: dict[str, float] = {}  # job -> when it arrived or was last suspended
         self.shares = Shares()
         self.used: dict[str, float] = {}  # team -> GPU-seconds received
         self.user_used: dict[str, float] = {}  # user -> GPU-seconds received
@@ -63,12 +76,14 @@ class FairShare(Mechanism):
                 self._join(self.user_used, user, self._user_tickets, peers)
             self.jobs[team] += 1
             self.user_jobs[user] += 1
+            self.waits_since[event.job.id] = cluster.now
         return
         yield
 
     def forget(self, job_id: str) -> None:
         if job_id in self.holds_quota:
             self.quota_used[self.owner[job_id][0]] -= self.holds_quota.pop(job_id)
+        self.waits_since.pop(job_id, None)
         team, user = self.owner.pop(job_id, ("", ""))
         if team:
             self.jobs[team] -= 1
@@ -96,6 +111,10 @@ class FairShare(Mechanism):
 
     def order(self, job: Job, now: float) -> float:
         team, user = self.owner.get(job.id, (self.shares.of(job.spec.user)[0], job.spec.user))
+        if job.status is not JobStatus.RUNNING and len(self.s.book.home.get(job.id, ())) > 1:
+            since = self.waits_since.get(job.id, now)
+            if now - since >= self.gang_wait:
+                return RESERVED + since
         dt = now - self.since
         team_pass = (self.used.get(team, 0.0) + self.holding.get(team, 0.0) * dt) \
             / self._team_tickets(team)
@@ -133,9 +152,11 @@ class FairShare(Mechanism):
         sees it taken."""
         if isinstance(action, (A.Place, A.Resume)) and self.shares.quotas:
             self._take_quota(action.job_id, len(action.gpus))
-        elif isinstance(action, A.Suspend) and action.job_id in self.holds_quota:
-            team = self.owner[action.job_id][0]
-            self.quota_used[team] -= self.holds_quota.pop(action.job_id)
+        elif isinstance(action, A.Suspend):
+            self.waits_since[action.job_id] = self.since
+            if action.job_id in self.holds_quota:
+                team = self.owner[action.job_id][0]
+                self.quota_used[team] -= self.holds_quota.pop(action.job_id)
 
     def _fits(self, job_id: str, gpus: float) -> bool:
         team = self.owner.get(job_id, ("", ""))[0]
