@@ -77,6 +77,7 @@ class FairShare(Mechanism):
             self.jobs[team] += 1
             self.user_jobs[user] += 1
             self.waits_since[event.job.id] = cluster.now
+        self._allot(cluster)
         return
         yield
 
@@ -102,12 +103,29 @@ class FairShare(Mechanism):
             held_by[jid] = gpus
         self.holding, self.user_holding = dict(holding), dict(user_holding)
         self.held_by = held_by
-        self.holds_quota, self.quota_used = {}, defaultdict(float)
-        if self.shares.quotas:  # each team's running jobs in arrival order, while they fit
-            for jid in sorted(held_by, key=lambda j: cluster.jobs[j].seq):
-                self._take_quota(jid, held_by[jid])
         return
         yield
+
+    def _allot(self, cluster: Cluster) -> None:
+        """Which jobs hold their teams' quotas, at a decision's start: each team's jobs in the
+        team's own order, as many as fit. First those running that cannot checkpoint (they
+        cannot give GPUs back), then by their user's pass, priority, less attained service,
+        arrival: the team's jobs take turns inside its quota as they would alone."""
+        self.holds_quota, self.quota_used = {}, defaultdict(float)
+        quotas = self.shares.quotas
+        if not quotas:
+            return
+        now = cluster.now
+        jobs = [cluster.jobs[j] for j, (team, _) in self.owner.items()
+                if team in quotas and j in cluster.jobs]
+
+        def key(job: Job) -> tuple[bool, float, int, float, int]:
+            return (job.spec.checkpoints or job.status is not JobStatus.RUNNING,
+                    self._user_pass(self.owner[job.id][1], now), -job.priority,
+                    job.attained_at(now), job.seq)
+
+        for job in sorted(jobs, key=key):
+            self._take_quota(job.id, self.held_by.get(job.id) or job.num_gpus)
 
     def order(self, job: Job, now: float) -> float:
         team, user = self.owner.get(job.id, (self.shares.of(job.spec.user)[0], job.spec.user))
@@ -115,12 +133,13 @@ class FairShare(Mechanism):
             since = self.waits_since.get(job.id, now)
             if now - since >= self.gang_wait:
                 return RESERVED + since
-        dt = now - self.since
-        team_pass = (self.used.get(team, 0.0) + self.holding.get(team, 0.0) * dt) \
+        team_pass = (self.used.get(team, 0.0) + self.holding.get(team, 0.0) * (now - self.since)) \
             / self._team_tickets(team)
-        user_pass = (self.user_used.get(user, 0.0) + self.user_holding.get(user, 0.0) * dt) \
-            / self._user_tickets(user)
-        return team_pass + USER_WEIGHT * user_pass
+        return team_pass + USER_WEIGHT * self._user_pass(user, now)
+
+    def _user_pass(self, user: str, now: float) -> float:
+        return (self.user_used.get(user, 0.0) + self.user_holding.get(user, 0.0)
+                * (now - self.since)) / self._user_tickets(user)
 
     def tier(self, job: Job) -> int:
         """Across users: the priority class, then whether the job's team, with it running,
@@ -138,9 +157,8 @@ class FairShare(Mechanism):
         return job.spec.checkpoints or not self.shares.quotas or self.guaranteed(job)
 
     def guaranteed(self, job: Job) -> bool:
-        """Does ``job`` hold its team's quota, or would it, placed now? A team's running jobs
-        hold it in arrival order, as many as fit; a waiting job fits in what they leave. (Its
-        other jobs borrow, as other teams' do.)"""
+        """Does ``job`` hold its team's quota (``_allot``), or would it, placed now, in what
+        the holders leave? (A team's other jobs borrow, as other teams' do.)"""
         if job.id in self.holds_quota:
             return True
         if job.status is JobStatus.RUNNING:
