@@ -240,6 +240,7 @@ def samples_by_step(prefix: Path) -> dict[int, list[int]]:
     return {step: sorted(index) for step, index in seen.items()}
 
 
+@pytest.mark.slow  # (CI runs it after the suite: .ci/run; ~50 s each)
 def test_resized_job_trains_every_step_on_the_samples_it_would_have_alone(zygote, tmp_path):
     """Checkpointed at width 2 (DDP over gloo), resumed at width 1, then at 2 again: each
     optimizer step trains on the same samples as the run at width 2 alone (none repeated,
@@ -292,6 +293,7 @@ def test_a_width_that_cannot_keep_the_global_batch_is_refused(tmp_path):
         callback.fit_width()
 
 
+@pytest.mark.slow  # (CI runs it after the suite: .ci/run; ~50 s each)
 def test_a_trainer_restored_from_the_checkpoint_of_its_last_step_takes_no_step_more(tmp_path):
     """The Trainer's loop takes a step before it looks at max_steps: a job moved or restarted
     as it ended (its last checkpoint mid-epoch) would train one step more than alone."""
