@@ -47,6 +47,17 @@ def test_a_team_over_its_quota_borrows_what_another_teams_idle_quota_lends():
     assert u.teams["b"].borrowed == pytest.approx(30) and u.teams["a"].lent == 0
 
 
+def test_an_elastic_jobs_growth_beyond_its_teams_quota_is_borrowed():
+    # ann's job asks for 1 GPU, her team's quota; it grows into 3 more for 100 s (the other
+    # team's idle quota of 3): those GPU-seconds are borrowed by a, lent by b
+    shares = Shares({"a": 1, "b": 1}, {"ann": ("a", 1), "bo": ("b", 1)})
+    jobs = [use("x", "ann", [(0, 100, [0]), (100, 200, [0, 1, 2, 3])])]
+    u = account(jobs, shares, {"a": 1, "b": 3}, 4, 0, 200)
+    assert u.teams["a"].allocated == pytest.approx(100 + 400)
+    assert u.teams["a"].borrowed == pytest.approx(300)
+    assert u.teams["b"].lent == pytest.approx(300)
+
+
 def test_the_fair_share_is_water_filled_by_tickets_within_each_window():
     shares = Shares({"a": 3, "b": 1}, {"ann": ("a", 1), "bo": ("b", 1)})
     jobs = [use("x", "ann", [(0, 50, [0])], demand=[(0, 100)]),
