@@ -144,6 +144,12 @@ def test_the_admins_class_above_the_ceiling_goes_before_every_share():
     assert jct_h(result, "a") > 5.9
 
 
+def owners_quota(gpus):
+    """Two teams of one ticket each: olga's owners with a quota of ``gpus``, gus's guests."""
+    return Shares({"owners": 1, "guests": 1}, {"olga": ("owners", 1), "gus": ("guests", 1)},
+                  {"owners": gpus})
+
+
 def test_a_teams_quota_is_taken_back_from_borrowers_at_the_next_round_and_kept():
     # guests borrow all four GPUs; the owners' three jobs come an hour later: at the next
     # round (a quantum: 60 s) they run, guests' jobs suspended, and they keep their three
@@ -151,8 +157,7 @@ def test_a_teams_quota_is_taken_back_from_borrowers_at_the_next_round_and_kept()
               for i in range(4)]
     owners = [JobSpec(f"o{i}", HOUR + 7, 1, "resnet50", user="olga", duration=2 * HOUR)
               for i in range(3)]
-    shares = Shares({"owners": 1, "guests": 1}, {"olga": ("owners", 1), "gus": ("guests", 1)},
-                    {"owners": 3})
+    shares = owners_quota(3)
     result, _ = run(guests + owners, "gandiva:fair", "1x4", shares)
     for r in result.jobs:
         if r.spec.user == "olga":
@@ -165,8 +170,7 @@ def test_a_teams_quota_is_taken_back_from_borrowers_at_the_next_round_and_kept()
 
 
 def test_a_job_that_cannot_checkpoint_runs_within_its_teams_quota_never_on_borrowed_gpus():
-    shares = Shares({"owners": 1, "guests": 1}, {"olga": ("owners", 1), "gus": ("guests", 1)},
-                    {"owners": 1})
+    shares = owners_quota(1)
     jobs = [JobSpec("own", 0, 1, "resnet50", user="olga", duration=HOUR, checkpoints=False),
             JobSpec("own2", 0, 1, "resnet50", user="olga", duration=HOUR, checkpoints=False),
             JobSpec("guest", 0, 1, "resnet50", user="gus", duration=HOUR, checkpoints=False),
@@ -177,16 +181,19 @@ def test_a_job_that_cannot_checkpoint_runs_within_its_teams_quota_never_on_borro
     assert start["own2"] >= HOUR and start["guest"] is None  # past the quota; borrowed: never
 
 
+def guests_then_owners(guests, owners, width):
+    """gus's ``guests`` 1-GPU jobs of 10 h at 0; an hour later, a second apart, olga's
+    ``owners`` jobs of ``width`` GPUs and 2 h."""
+    return [*(JobSpec(f"g{i}", 0, 1, "resnet50", user="gus", duration=10 * HOUR)
+              for i in range(guests)),
+            *(JobSpec(f"o{i}", HOUR + i, width, "resnet50", user="olga", duration=2 * HOUR)
+              for i in range(owners))]
+
+
 def test_a_quota_is_held_by_as_many_of_the_teams_jobs_as_fit_and_they_take_turns_in_it():
     # quota 4, two 4-GPU jobs: one holds it at a time (both would not fit), and they take
     # turns in it (each ran 2 h of 4 by the end), while the guests keep the other server
-    guests = [JobSpec(f"g{i}", 0, 1, "resnet50", user="gus", duration=10 * HOUR)
-              for i in range(8)]
-    owners = [JobSpec(f"o{i}", HOUR + i, 4, "resnet50", user="olga", duration=2 * HOUR)
-              for i in range(2)]
-    shares = Shares({"owners": 1, "guests": 1}, {"olga": ("owners", 1), "gus": ("guests", 1)},
-                    {"owners": 4})
-    result, _ = run(guests + owners, "gandiva:fair", "2x4", shares)
+    result, _ = run(guests_then_owners(8, 2, 4), "gandiva:fair", "2x4", owners_quota(4))
     for r in result.jobs:
         if r.spec.user == "olga":
             assert r.start - r.spec.submit_time <= 120
@@ -197,13 +204,7 @@ def test_a_teams_jobs_take_turns_inside_its_quota_not_the_first_ones_holding_it(
     # the whole server is the owners' quota; their eight 2-hour jobs come while guests borrow
     # it: all eight run within two rounds, in turns, and end together after 4 h (the first
     # four holding it until they end would leave the other four waiting 2 h)
-    guests = [JobSpec(f"g{i}", 0, 1, "resnet50", user="gus", duration=10 * HOUR)
-              for i in range(4)]
-    owners = [JobSpec(f"o{i}", HOUR + i, 1, "resnet50", user="olga", duration=2 * HOUR)
-              for i in range(8)]
-    shares = Shares({"owners": 1, "guests": 1}, {"olga": ("owners", 1), "gus": ("guests", 1)},
-                    {"owners": 4})
-    result, _ = run(guests + owners, "gandiva:fair", "1x4", shares)
+    result, _ = run(guests_then_owners(4, 8, 1), "gandiva:fair", "1x4", owners_quota(4))
     for r in result.jobs:
         if r.spec.user == "olga":
             assert r.start - r.spec.submit_time <= 120

@@ -56,7 +56,8 @@ class FairShare(Mechanism):
         self.user_holding: dict[str, float] = {}
         self.held_by: dict[str, float] = {}  # job -> GPUs it held at the last decision
         # the jobs that hold their teams' quotas, with the GPUs each counts, and each team's
-        # sum: from the state at each decision's end, and the decision's own actions since
+        # sum: from every job of the team at each decision's start (``_allot``), and the
+        # decision's own actions since
         self.holds_quota: dict[str, float] = {}
         self.quota_used: dict[str, float] = defaultdict(float)
         self.since = 0.0
@@ -133,13 +134,16 @@ class FairShare(Mechanism):
             since = self.waits_since.get(job.id, now)
             if now - since >= self.gang_wait:
                 return RESERVED + since
-        team_pass = (self.used.get(team, 0.0) + self.holding.get(team, 0.0) * (now - self.since)) \
-            / self._team_tickets(team)
-        return team_pass + USER_WEIGHT * self._user_pass(user, now)
+        return (self._pass(self.used, self.holding, team, self._team_tickets, now)
+                + USER_WEIGHT * self._user_pass(user, now))
 
     def _user_pass(self, user: str, now: float) -> float:
-        return (self.user_used.get(user, 0.0) + self.user_holding.get(user, 0.0)
-                * (now - self.since)) / self._user_tickets(user)
+        return self._pass(self.user_used, self.user_holding, user, self._user_tickets, now)
+
+    def _pass(self, used: dict[str, float], holding: dict[str, float], who: str,
+              tickets: Callable[[str], float], now: float) -> float:
+        """``who``'s GPU-seconds received per ticket by ``now``: charged, and held since."""
+        return (used.get(who, 0.0) + holding.get(who, 0.0) * (now - self.since)) / tickets(who)
 
     def tier(self, job: Job) -> int:
         """Across users: the priority class, then whether the job's team, with it running,
